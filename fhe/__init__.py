@@ -1,0 +1,1 @@
+"""FHE backends (TFHE via concrete-python, CKKS via TenSEAL), the shared harness and the CLI."""

@@ -1,0 +1,37 @@
+"""Inhibitor attention: Manhattan-distance scores and ReLU inhibition."""
+
+from __future__ import annotations
+
+import math
+
+from torch import Tensor
+
+from models.attention import functional as AF
+from models.attention.base import MultiHeadAttention
+from models.attention.registry import register_attention
+from models.config import AttentionKind, TransformerConfig
+
+
+@register_attention(AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR)
+class InhibitorAttention(MultiHeadAttention):
+    """The Inhibitor (Brännvall, arXiv:2310.02041).
+
+    Eq. (5): Z_ij = Σ_k |Q_ik − K_jk| / γ, shifted Z' = (Z − α)⁺;
+    Eq. (6): H_ik = Σ_j (V_jk − Z'_ij)⁺; signed variant Eq. (7).
+    By default the forward pass uses the memory-saving form of Eqs. (8)-(10) (fused pairwise L1
+    distances, no (T, T, d) tensor); ``memory_efficient=False`` uses the broadcast form.
+
+    FHE note: only additions, |x| and ReLU: under TFHE each |·| and (·)⁺ is one PBS and there is no
+    ciphertext×ciphertext product, so the circuit needs about half the PBS of dot-product attention.
+    """
+
+    def __init__(self, config: TransformerConfig, memory_efficient: bool = True) -> None:
+        super().__init__(config)
+        self.signed = config.attention is AttentionKind.SIGNED_INHIBITOR
+        self.alpha = config.inhibitor_alpha
+        self.gamma = config.inhibitor_gamma or math.sqrt(config.d_head)
+        self.memory_efficient = memory_efficient
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        fn = AF.inhibitor if self.memory_efficient else AF.inhibitor_broadcast
+        return fn(q, k, v, self.gamma, self.alpha, self.signed)  # (B, nh, T, dh)

@@ -1,0 +1,107 @@
+"""Configuration of the transformer encoder: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+
+
+class AttentionKind(str, Enum):
+    """The attention variants of the zoo; the CLI accepts their string values."""
+
+    DOT_PRODUCT = "dot-product"
+    INHIBITOR = "inhibitor"
+    SIGNED_INHIBITOR = "signed-inhibitor"
+    POWER_SOFTMAX = "power-softmax"
+    DCT = "dct"
+    ACTIVATOR = "activator"
+    GEGLU_ONLY = "geglu-only"
+
+
+class NormKind(str, Enum):
+    LAYERNORM = "layernorm"
+    NONE = "none"
+
+
+class Activation(str, Enum):
+    RELU = "relu"
+    GELU = "gelu"
+
+
+class InputKind(str, Enum):
+    """How a sample enters the model: token ids (embedding table) or feature vectors per position."""
+
+    TOKENS = "tokens"
+    PATCHES = "patches"
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Everything needed to rebuild a model; stored in ``model.pt``.
+
+    ``in_features`` is the vocabulary size for token inputs, the feature count per position otherwise.
+    Attention-specific knobs: ``inhibitor_alpha`` (shift α; the paper uses 0.5) and ``inhibitor_gamma``
+    (γ; ``None`` means √d_head as in the paper), ``power_p`` / ``power_eps`` (PowerSoftmax p and ε),
+    ``dct_n_bar`` (kept DCT coefficients), ``dct_ideal`` (Algorithm 2, evaluation only).
+    """
+
+    seq_len: int
+    in_features: int
+    n_outputs: int
+    input_kind: InputKind = InputKind.PATCHES
+    attention: AttentionKind = AttentionKind.DOT_PRODUCT
+    d_model: int = 32
+    n_heads: int = 2
+    n_layers: int = 1
+    d_ff: int | None = None
+    norm: NormKind = NormKind.LAYERNORM
+    ffn_activation: Activation = Activation.RELU
+    inhibitor_alpha: float = 0.5
+    inhibitor_gamma: float | None = None
+    power_p: int = 4
+    power_eps: float = 1e-3
+    dct_n_bar: int | None = None
+    dct_ideal: bool = False
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, enum in (
+            ("attention", AttentionKind),
+            ("norm", NormKind),
+            ("ffn_activation", Activation),
+            ("input_kind", InputKind),
+        ):
+            object.__setattr__(self, name, enum(getattr(self, name)))
+        for name in ("seq_len", "in_features", "n_outputs", "d_model", "n_heads", "n_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TransformerConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.power_p <= 0 or self.power_p % 2:
+            raise ValueError(f"power_p must be a positive even integer, got {self.power_p}")
+        if self.dct_n_bar is not None and not 0 < self.dct_n_bar <= self.seq_len:
+            raise ValueError(f"dct_n_bar must be in [1, seq_len={self.seq_len}], got {self.dct_n_bar}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else 2 * self.d_model
+
+    def replace(self, **changes) -> TransformerConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        return {k: (v.value if isinstance(v, Enum) else v) for k, v in out.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TransformerConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig fields: {sorted(unknown)}")
+        return cls(**data)

@@ -1,0 +1,51 @@
+"""Tasks: the adding problem, sklearn digits, MNIST and IMDB, loaded from path options."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from models.tasks.base import DataFileError, Metric, TaskData, score
+
+TASKS = ("adding", "digits", "mnist", "imdb")
+
+
+def default_data_dir(task: str) -> Path:
+    """``FHE_<TASK>_DIR``, else ``FHE_DATA_DIR/<task>``, else ``../shared/data/<task>`` beside the repo."""
+    env = os.environ.get(f"FHE_{task.upper()}_DIR")
+    if env:
+        return Path(env)
+    root = os.environ.get("FHE_DATA_DIR")
+    if root:
+        return Path(root) / task
+    return Path(__file__).resolve().parents[2].parent / "shared" / "data" / task
+
+
+def load_task(name: str, data_dir: str | Path | None = None, seq_len: int | None = None,
+              seed: int = 0, limit: int | None = None) -> TaskData:
+    """Loads a task by name. ``seq_len`` applies to adding (default 100) and imdb (default 128);
+    ``limit`` caps the number of training samples (quick runs)."""
+    if name == "adding":
+        from models.tasks.adding import load_adding
+
+        data = load_adding(seq_len or 100, seed=0)
+    elif name == "digits":
+        from models.tasks.digits import load_digits_task
+
+        data = load_digits_task(seed=0)
+    elif name == "mnist":
+        from models.tasks.mnist import load_mnist
+
+        data = load_mnist(data_dir or default_data_dir("mnist"))
+    elif name == "imdb":
+        from models.tasks.imdb import load_imdb
+
+        data = load_imdb(data_dir or default_data_dir("imdb"), seq_len=seq_len or 128)
+    else:
+        raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
+    if limit is not None:
+        data.x_train, data.y_train = data.x_train[:limit], data.y_train[:limit]
+    return data
+
+
+__all__ = ["TASKS", "DataFileError", "Metric", "TaskData", "default_data_dir", "load_task", "score"]

@@ -1,0 +1,63 @@
+"""A task: train/test tensors, the model input shape, and how to score predictions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+from torch import Tensor
+
+from models.config import InputKind
+
+
+class Metric(str, Enum):
+    ACCURACY = "accuracy"  # higher is better, classification
+    MSE = "mse"  # lower is better, regression
+
+
+@dataclass
+class TaskData:
+    """Tensors of one task. ``x`` is (N, T, F) float for patch inputs, (N, T) long for tokens."""
+
+    name: str
+    x_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    input_kind: InputKind
+    in_features: int
+    n_outputs: int
+    metric: Metric
+    meta: dict = field(default_factory=dict)  # what is needed to rebuild inputs (e.g. a vocabulary)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.x_train.shape[1])
+
+    def loss_fn(self) -> Callable[[Tensor, Tensor], Tensor]:
+        if self.metric is Metric.MSE:
+            return lambda out, y: torch.nn.functional.mse_loss(out.squeeze(-1), y)
+        return torch.nn.functional.cross_entropy
+
+    def score(self, outputs: Tensor, y: Tensor) -> float:
+        return score(self.metric, outputs, y)
+
+
+def score(metric: Metric, outputs: Tensor, y: Tensor) -> float:
+    """Accuracy (fraction of argmax hits) or mean squared error of ``outputs`` against ``y``."""
+    if metric is Metric.MSE:
+        return float(((outputs.reshape(-1).double() - y.reshape(-1).double()) ** 2).mean())
+    return float((outputs.argmax(-1) == y).double().mean())
+
+
+class DataFileError(FileNotFoundError):
+    """A data file is missing; the message names the option that sets its path."""
+
+
+def require_file(path, option: str, hint: str = "") -> None:
+    from pathlib import Path
+
+    if not Path(path).exists():
+        raise DataFileError(f"data file not found: {path} (set it with {option}){'; ' + hint if hint else ''}")

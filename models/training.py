@@ -1,0 +1,150 @@
+"""Training, evaluation and the ``model.pt`` checkpoint format."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from models.attention.power_softmax import range_loss, set_range_tracking
+from models.config import TransformerConfig
+from models.tasks import Metric, TaskData, score
+from models.transformer import Transformer
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 5
+    batch_size: int = 64
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    seed: int = 0
+    range_loss_weight: float = 0.0  # PowerSoftmax paper Eq. (9); 0 disables
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 0 or self.batch_size < 1 or self.lr <= 0:
+            raise ValueError(f"invalid training configuration: {self}")
+
+
+@dataclass
+class TrainResult:
+    model: Transformer
+    test_score: float
+    metric: Metric
+    history: list[dict] = field(default_factory=list)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def config_for_task(task: TaskData, **overrides) -> TransformerConfig:
+    """A TransformerConfig whose input/output sizes match ``task``."""
+    return TransformerConfig(seq_len=task.seq_len, in_features=task.in_features, n_outputs=task.n_outputs,
+                             input_kind=task.input_kind, **overrides)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: Tensor, batch_size: int = 512) -> Tensor:
+    model.eval()
+    return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
+
+
+def evaluate(model: nn.Module, task: TaskData) -> float:
+    return score(task.metric, predict(model, task.x_test), task.y_test)
+
+
+def train(model_config: TransformerConfig, task: TaskData, train_config: TrainConfig = TrainConfig(),
+          progress: bool = True, model: Transformer | None = None) -> TrainResult:
+    """AdamW with a cosine learning-rate schedule; adds the PowerSoftmax range loss when asked.
+
+    Pass ``model`` to fine-tune an existing network instead of building a fresh one.
+    """
+    seed_everything(train_config.seed)
+    model = model if model is not None else Transformer(model_config)
+    opt = torch.optim.AdamW(model.parameters(), lr=train_config.lr, weight_decay=train_config.weight_decay)
+    n = len(task.x_train)
+    steps = max(1, train_config.epochs * math.ceil(n / train_config.batch_size))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    loss_fn = task.loss_fn()
+    use_range = train_config.range_loss_weight > 0
+    set_range_tracking(model, use_range)
+    history: list[dict] = []
+    bar = tqdm(total=steps, desc=f"train {task.name}/{model_config.attention.value}", disable=not progress,
+               leave=False, unit="step")
+    g = torch.Generator().manual_seed(train_config.seed)
+    for epoch in range(train_config.epochs):
+        model.train()
+        perm = torch.randperm(n, generator=g)
+        total = 0.0
+        for i in range(0, n, train_config.batch_size):
+            idx = perm[i : i + train_config.batch_size]
+            out = model(task.x_train[idx])
+            loss = loss_fn(out, task.y_train[idx])
+            if use_range:
+                loss = loss + train_config.range_loss_weight * range_loss(model)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+            opt.step()
+            sched.step()
+            total += loss.item() * len(idx)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+        set_range_tracking(model, False)
+        test = evaluate(model, task)
+        set_range_tracking(model, use_range)
+        history.append({"epoch": epoch + 1, "train_loss": total / n, f"test_{task.metric.value}": test})
+    bar.close()
+    set_range_tracking(model, False)
+    return TrainResult(model, evaluate(model, task), task.metric, history)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------------
+def save_checkpoint(path: str | Path, model: Transformer, task: TaskData | None = None, **extra) -> None:
+    """``model.pt``: config + weights + what is needed to rebuild the task's inputs."""
+    payload = {
+        "version": CHECKPOINT_VERSION,
+        "config": model.config.to_dict(),
+        "state_dict": model.state_dict(),
+        "task": None if task is None else {"name": task.name, "metric": task.metric.value, "meta": task.meta},
+        "extra": extra,
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, path)
+
+
+@dataclass
+class Checkpoint:
+    model: Transformer
+    task: dict | None
+    extra: dict
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"model file not found: {path} (train one with `fhe train ... -o {path}`)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not our format"
+        raise ValueError(f"{path} is not a readable fhe-attention model file: {exc}") from exc
+    if not isinstance(payload, dict) or "config" not in payload or "state_dict" not in payload:
+        raise ValueError(f"{path} is not an fhe-attention model file (no config/state_dict)")
+    model = Transformer(TransformerConfig.from_dict(payload["config"]))
+    model.load_state_dict(payload["state_dict"])
+    model.eval()
+    return Checkpoint(model, payload.get("task"), payload.get("extra", {}))

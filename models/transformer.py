@@ -1,0 +1,66 @@
+"""The transformer encoder classifier/regressor whose attention kind is a config field."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from models.attention import build_attention
+from models.config import AttentionKind, InputKind, TransformerConfig
+from models.layers import FeedForward, make_norm
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + mix(norm(x)), then x + FFN(norm(x)) (no FFN for GEGLU-only, Eqs. 12-14)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.norm1 = make_norm(config)
+        self.mixer = build_attention(config)
+        self.has_ffn = config.attention is not AttentionKind.GEGLU_ONLY
+        if self.has_ffn:
+            self.norm2 = make_norm(config)
+            self.ffn = FeedForward(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, C)
+        x = x + self.drop(self.mixer(self.norm1(x)))
+        if self.has_ffn:
+            x = x + self.ffn(self.norm2(x))
+        return x
+
+
+class Transformer(nn.Module):
+    """Embedding (token table or linear patch projection) + learned positions, N blocks, final norm,
+    mean pooling over positions (padding excluded) and a linear head."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        if config.input_kind is InputKind.TOKENS:
+            self.embed: nn.Module = nn.Embedding(config.in_features, config.d_model, padding_idx=0)
+        else:
+            self.embed = nn.Linear(config.in_features, config.d_model)
+        self.pos = nn.Parameter(torch.randn(config.seq_len, config.d_model) * 0.02)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = make_norm(config)
+        self.head = nn.Linear(config.d_model, config.n_outputs)
+
+    def features(self, x: Tensor) -> Tensor:
+        """Encoder output before pooling, (B, T, C)."""
+        T = x.shape[1]
+        if self.config.seq_len < T:
+            raise ValueError(f"input has {T} positions but the model was built for seq_len={self.config.seq_len}")
+        h = self.embed(x) + self.pos[:T]  # (B, T, C)
+        for block in self.blocks:
+            h = block(h)
+        return self.norm(h)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.features(x)  # (B, T, C)
+        if self.config.input_kind is InputKind.TOKENS:
+            keep = (x != 0).unsqueeze(-1).to(h.dtype)  # (B, T, 1): mean over non-padding tokens
+            pooled = (h * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+        else:
+            pooled = h.mean(dim=1)
+        return self.head(pooled)  # (B, n_outputs)

@@ -1,0 +1,108 @@
+"""The encoder: shapes, gradients, every kind, module forms, config validation, save/load."""
+
+import pytest
+import torch
+
+from models import AttentionKind, InputKind, NormKind, Transformer, TransformerConfig
+from models.attention.inhibitor import InhibitorAttention
+from models.attention.power_softmax import PowerSoftmaxAttention, range_loss, set_range_tracking
+from models.training import load_checkpoint, save_checkpoint
+
+KINDS = list(AttentionKind)
+
+
+def make(kind, **kw):
+    base = dict(seq_len=8, in_features=8, n_outputs=10, attention=kind, d_model=16, n_heads=2)
+    base.update(kw)
+    return Transformer(TransformerConfig(**base))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+@pytest.mark.parametrize("norm", list(NormKind), ids=lambda n: n.value)
+def test_every_kind_gives_logits_and_gradients_everywhere(kind, norm):
+    model = make(kind, norm=norm, n_layers=2, ffn_activation="gelu")
+    out = model(torch.randn(3, 8, 8))
+    assert out.shape == (3, 10)
+    out.logsumexp(-1).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not missing, f"no finite gradient for {missing}"
+
+
+def test_token_inputs_pool_over_non_padding_positions():
+    model = make(AttentionKind.DOT_PRODUCT, input_kind=InputKind.TOKENS, in_features=50).eval()
+    x = torch.randint(2, 50, (2, 8))
+    assert model(x).shape == (2, 10)
+    assert model(torch.zeros(1, 8, dtype=torch.long)).isfinite().all()
+
+
+def test_inhibitor_module_memory_efficient_equals_broadcast():
+    model = make(AttentionKind.SIGNED_INHIBITOR).double().eval()
+    x = torch.randn(4, 8, 8, dtype=torch.float64)
+    attn = model.blocks[0].mixer
+    assert isinstance(attn, InhibitorAttention) and attn.memory_efficient
+    fused = model(x)
+    attn.memory_efficient = False
+    torch.testing.assert_close(model(x), fused, rtol=1e-10, atol=1e-10)
+
+
+def test_power_softmax_range_loss_tracks_max_score():
+    model = make(AttentionKind.POWER_SOFTMAX, n_layers=2)
+    set_range_tracking(model, True)
+    model(torch.randn(2, 8, 8))
+    loss = range_loss(model)
+    layers = [m for m in model.modules() if isinstance(m, PowerSoftmaxAttention)]
+    assert loss.item() == pytest.approx(sum(m.last_range.item() for m in layers))
+    assert loss.item() > 0
+    loss.backward()
+
+
+def test_power_softmax_inference_form_matches_training_form_when_eps_is_zero():
+    model = make(AttentionKind.POWER_SOFTMAX, power_eps=0.0).double().eval()
+    x = torch.randn(3, 8, 8, dtype=torch.float64)
+    train_form = model(x)
+    model.blocks[0].mixer.inference_form = True
+    torch.testing.assert_close(model(x), train_form)
+
+
+def test_geglu_only_has_no_ffn_and_activator_has_one():
+    assert not make(AttentionKind.GEGLU_ONLY).blocks[0].has_ffn
+    assert make(AttentionKind.ACTIVATOR).blocks[0].has_ffn
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(d_model=10, n_heads=3), "divisible"),
+    (dict(power_p=3), "even"),
+    (dict(dct_n_bar=9), "dct_n_bar"),
+    (dict(attention="nope"), "nope"),
+    (dict(seq_len=0), "seq_len"),
+])
+def test_config_validation(bad, match):
+    kw = dict(seq_len=8, in_features=8, n_outputs=10)
+    kw.update(bad)
+    with pytest.raises(ValueError, match=match):
+        TransformerConfig(**kw)
+
+
+def test_too_long_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="seq_len=8"):
+        make(AttentionKind.INHIBITOR)(torch.randn(1, 9, 8))
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+def test_save_and_load_reproduce_outputs(tmp_path, kind):
+    model = make(kind, norm="none").eval()
+    x = torch.randn(5, 8, 8)
+    path = tmp_path / "model.pt"
+    save_checkpoint(path, model)
+    loaded = load_checkpoint(path)
+    assert loaded.model.config == model.config
+    assert torch.equal(loaded.model(x), model(x))
+
+
+def test_load_errors_are_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="fhe train"):
+        load_checkpoint(tmp_path / "missing.pt")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not"):
+        load_checkpoint(junk)
