@@ -1,0 +1,73 @@
+"""Quantization configuration: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Granularity(str, Enum):
+    PER_TENSOR = "per-tensor"
+    PER_CHANNEL = "per-channel"  # one weight scale per output channel
+
+
+class RangeMode(str, Enum):
+    MINMAX = "minmax"  # calibrated min/max
+    PERCENTILE = "percentile"  # clip the calibration outliers (``percentile``)
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How a float model becomes an integer program.
+
+    ``n_bits``: activations at every requantisation point; ``weight_bits`` (default ``n_bits``): the
+    clear weights; ``input_bits`` (default ``n_bits``): the client's encrypted input.
+    ``symmetric``: signed activations with zero-point 0; otherwise asymmetric (zero-points folded into
+    biases, so the integer program itself never carries a zero-point).
+    ``rounding_bits``: least-significant bits each table lookup rounds away before reading its table
+    (concrete's ``round_bit_pattern``); 0 disables.
+    ``bits_overrides``: per-requantisation-point n_bits, keyed by point name prefix
+    (e.g. ``{"block0.attn": 8}``).
+    """
+
+    n_bits: int = 6
+    weight_bits: int | None = None
+    input_bits: int | None = None
+    symmetric: bool = True
+    weight_granularity: Granularity = Granularity.PER_TENSOR
+    range_mode: RangeMode = RangeMode.MINMAX
+    percentile: float = 99.99
+    rounding_bits: int = 0
+    bits_overrides: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_granularity", Granularity(self.weight_granularity))
+        object.__setattr__(self, "range_mode", RangeMode(self.range_mode))
+        if isinstance(self.bits_overrides, dict):
+            object.__setattr__(self, "bits_overrides", tuple(sorted(self.bits_overrides.items())))
+        for name in ("n_bits", "weight_bits", "input_bits"):
+            v = getattr(self, name)
+            if v is not None and not 2 <= v <= 16:
+                raise ValueError(f"QuantConfig.{name} must be in [2, 16], got {v}")
+        if self.rounding_bits < 0:
+            raise ValueError(f"rounding_bits must be >= 0, got {self.rounding_bits}")
+        if not 50.0 < self.percentile <= 100.0:
+            raise ValueError(f"percentile must be in (50, 100], got {self.percentile}")
+
+    @property
+    def w_bits(self) -> int:
+        return self.weight_bits or self.n_bits
+
+    @property
+    def in_bits(self) -> int:
+        return self.input_bits or self.n_bits
+
+    def bits_for(self, point: str) -> int:
+        for prefix, bits in self.bits_overrides:
+            if point.startswith(prefix):
+                return bits
+        return self.n_bits
+
+    def replace(self, **changes) -> QuantConfig:
+        return dataclasses.replace(self, **changes)

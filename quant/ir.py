@@ -1,0 +1,257 @@
+"""The integer program: a small graph of integer operations, and its numpy interpreter.
+
+Every value is an integer array; after calibration every node also carries its integer range and
+signed bit width. The TFHE backend lowers this same graph to concrete-python; nothing here depends on
+an FHE library. Shapes exclude the batch axis; the interpreter accepts any leading batch axes, so all
+axis arguments are negative.
+
+Ops (``Node.op``), and what each costs under TFHE:
+
+===============  ===========================================  =====================================
+op               semantics                                    TFHE cost
+===============  ===========================================  =====================================
+input            the client's quantized integers              encryption
+linear           x @ W + b   (clear integer W, b)             leveled (no PBS)
+matmul_left      W @ x along the sequence axis (clear W)      leveled
+add_const        x + c       (clear integer c, broadcast)     leveled
+mul_const        x * c       (clear integer c)                leveled
+add / sub        x ± y       (encrypted, same scale)          leveled
+sum              Σ over ``axis``                              leveled
+lut              fn(round(x))  univariate table lookup        1 PBS per element
+mul              x * y       elementwise, both encrypted      2 PBS per element
+matmul           x @ y       both encrypted                   2 PBS per product
+reshape / transpose / expand_dims / slice / concat            free
+===============  ===========================================  =====================================
+
+A ``lut`` node may carry ``rounding_bits`` r: its input is first rounded to a multiple of 2^r
+(concrete's ``round_bit_pattern``, ties away from zero upwards), so the table lookup runs on fewer
+bits; the interpreter applies exactly the same rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+LUT_BIT_LIMIT = 16  # concrete-python's table lookups take at most 16-bit inputs
+
+
+class OverflowPolicy(str, Enum):
+    """What the interpreter does with a value outside the bit width fixed at calibration."""
+
+    ERROR = "error"  # raise RangeOverflowError naming the node
+    CLIP = "clip"  # saturate to the representable range and count the clipped entries
+
+
+class RangeOverflowError(ValueError):
+    pass
+
+
+class BitWidthError(ValueError):
+    pass
+
+
+def signed_bits(lo: int, hi: int) -> int:
+    """Bits of the smallest signed integer type holding [lo, hi] (concrete's convention)."""
+    m = max(-int(lo), int(hi) + 1, 1)
+    return int(np.ceil(np.log2(m))) + 1
+
+
+def unsigned_bits(hi: int) -> int:
+    return max(1, int(np.ceil(np.log2(int(hi) + 1))))
+
+
+def value_bits(lo: int, hi: int) -> int:
+    """Concrete's bit width for a value: unsigned if it never goes negative."""
+    return unsigned_bits(hi) if lo >= 0 else signed_bits(lo, hi)
+
+
+def round_bit_pattern(x: np.ndarray, lsbs: int) -> np.ndarray:
+    """Round to the nearest multiple of 2^lsbs, ties upwards (concrete's ``round_bit_pattern``)."""
+    if lsbs <= 0:
+        return x
+    step = 1 << lsbs
+    return ((x + (step >> 1)) >> lsbs) << lsbs
+
+
+@dataclass
+class Node:
+    name: str
+    op: str
+    inputs: tuple[str, ...] = ()
+    attrs: dict = field(default_factory=dict)
+    tag: str = ""
+    lo: int | None = None  # calibrated integer range
+    hi: int | None = None
+
+    @property
+    def bits(self) -> int | None:
+        return None if self.lo is None else value_bits(self.lo, self.hi)
+
+    @property
+    def is_pbs(self) -> bool:
+        return self.op in ("lut", "mul", "matmul")
+
+    def lut_input_bits(self, graph: Graph) -> int | None:
+        """Bit width of the table-lookup input after rounding (LUT nodes only)."""
+        if self.op != "lut":
+            return None
+        src = graph.nodes[self.inputs[0]]
+        if src.lo is None:
+            return None
+        r = self.attrs.get("rounding_bits", 0)
+        lo, hi = int(round_bit_pattern(np.array(src.lo), r)), int(round_bit_pattern(np.array(src.hi), r))
+        return max(value_bits(lo, hi) - r, 1)
+
+
+class Graph:
+    """An ordered integer program with one input and one output."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.input_name: str | None = None
+        self.output_name: str | None = None
+        self.input_shape: tuple[int, ...] = ()
+
+    # --------------------------------------------------------------------------------- building
+    def add(self, name: str, op: str, inputs: tuple[str, ...] = (), tag: str = "", **attrs) -> str:
+        if name in self.nodes:
+            raise ValueError(f"duplicate node name {name!r}")
+        for i in inputs:
+            if i not in self.nodes:
+                raise ValueError(f"node {name!r} uses unknown input {i!r}")
+        self.nodes[name] = Node(name, op, tuple(inputs), attrs, tag)
+        if op == "input":
+            self.input_name = name
+            self.input_shape = tuple(attrs["shape"])
+        return name
+
+    def set_output(self, name: str) -> None:
+        self.output_name = name
+
+    # ------------------------------------------------------------------------------- evaluation
+    def run(self, x: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR,
+            record: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, int]]:
+        """Interprets the program on integer input ``x`` of shape (..., *input_shape).
+
+        Once calibrated, a value outside its node's bit width is handled by ``policy``; returns the
+        output and the number of clipped entries per node.
+        """
+        env: dict[str, np.ndarray] = {}
+        clipped: dict[str, int] = {}
+        for node in self.nodes.values():
+            args = [env[i] for i in node.inputs]
+            out = _evaluate(node, args, x)
+            if node.lo is not None:
+                out = self._check(node, out, policy, clipped)
+            env[node.name] = out
+            if record is not None:
+                record[node.name] = out
+        return env[self.output_name], clipped
+
+    @staticmethod
+    def _check(node: Node, out: np.ndarray, policy: OverflowPolicy, clipped: dict[str, int]) -> np.ndarray:
+        bits = node.bits
+        lo, hi = (0, 2**bits - 1) if node.lo >= 0 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        bad = (out < lo) | (out > hi)
+        n_bad = int(bad.sum())
+        if not n_bad:
+            return out
+        if policy is OverflowPolicy.ERROR:
+            raise RangeOverflowError(
+                f"node {node.name!r} ({node.op}, tag {node.tag!r}) produced {n_bad} value(s) outside its "
+                f"calibrated {bits}-bit range [{lo}, {hi}] (seen [{out.min()}, {out.max()}]); under encryption "
+                "they would wrap around. Calibrate on more representative data, or use policy 'clip'.")
+        clipped[node.name] = clipped.get(node.name, 0) + n_bad
+        return np.clip(out, lo, hi)
+
+    def calibrate(self, x: np.ndarray) -> None:
+        """Sets every node's integer range from a run on calibration inputs ``x``.
+
+        A requantising lookup's range is widened to its quantizer's full output range, so values that
+        calibration did not show but the quantizer can produce never count as overflow."""
+        record: dict[str, np.ndarray] = {}
+        for node in self.nodes.values():
+            node.lo = node.hi = None
+        self.run(x, record=record)
+        for name, val in record.items():
+            node = self.nodes[name]
+            lo, hi = int(val.min()), int(val.max())
+            if "out_range" in node.attrs:  # a requantising lookup can produce its whole output range
+                lo, hi = min(lo, node.attrs["out_range"][0]), max(hi, node.attrs["out_range"][1])
+            node.lo, node.hi = lo, hi
+
+    # ---------------------------------------------------------------------------------- reports
+    def max_bit_width(self) -> int:
+        return max(n.bits for n in self.nodes.values() if n.bits is not None)
+
+    def max_lut_input_bits(self) -> int:
+        return max((n.lut_input_bits(self) or 0) for n in self.nodes.values())
+
+    def pbs_estimate(self) -> int:
+        """Programmable bootstraps the program needs: 1 per LUT element, 2 per encrypted product."""
+        total = 0
+        for node in self.nodes.values():
+            if node.op == "lut":
+                total += int(np.prod(node.attrs["shape"]))
+            elif node.op == "mul":
+                total += 2 * int(np.prod(node.attrs["shape"]))
+            elif node.op == "matmul":
+                total += 2 * int(np.prod(node.attrs["shape"])) * node.attrs["inner"]
+        return total
+
+    def check_fits(self, limit: int = LUT_BIT_LIMIT) -> None:
+        """Raises BitWidthError naming the first table lookup whose input exceeds ``limit`` bits."""
+        for node in self.nodes.values():
+            bits = node.lut_input_bits(self)
+            if bits is not None and bits > limit:
+                src = self.nodes[node.inputs[0]]
+                raise BitWidthError(
+                    f"table lookup {node.name!r} (tag {node.tag!r}) reads {bits}-bit input from {src.name!r} "
+                    f"(range [{src.lo}, {src.hi}]), above TFHE's {limit}-bit limit. Use fewer bits "
+                    f"(--n-bits), or round before the lookup (--rounding-bits {bits - limit} or more).")
+
+
+def _evaluate(node: Node, args: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+    a = node.attrs
+    op = node.op
+    if op == "input":
+        return np.asarray(x, dtype=np.int64)
+    if op == "linear":
+        return args[0] @ a["weight"] + a["bias"]
+    if op == "matmul_left":
+        return np.matmul(a["weight"], args[0])
+    if op == "add_const":
+        return args[0] + a["value"]
+    if op == "mul_const":
+        return args[0] * a["value"]
+    if op == "add":
+        return args[0] + args[1]
+    if op == "sub":
+        return args[0] - args[1]
+    if op == "neg":
+        return -args[0]
+    if op == "sum":
+        return args[0].sum(axis=a["axis"], keepdims=a.get("keepdims", False))
+    if op == "lut":
+        fn: Callable[[np.ndarray], np.ndarray] = a["fn"]
+        return np.asarray(fn(round_bit_pattern(args[0], a.get("rounding_bits", 0))), dtype=np.int64)
+    if op == "mul":
+        return args[0] * args[1]
+    if op == "matmul":
+        return np.matmul(args[0], args[1])
+    if op == "reshape":
+        return args[0].reshape(args[0].shape[: args[0].ndim - len(a["from_shape"])] + tuple(a["shape"]))
+    if op == "transpose":
+        lead = args[0].ndim - len(a["axes"])
+        return np.transpose(args[0], tuple(range(lead)) + tuple(lead + i for i in a["axes"]))
+    if op == "expand_dims":
+        return np.expand_dims(args[0], a["axis"])
+    if op == "concat":
+        return np.concatenate(args, axis=a["axis"])
+    if op == "slice":
+        return args[0][(Ellipsis, *a["index"])]
+    raise ValueError(f"unknown op {op!r} in node {node.name!r}")

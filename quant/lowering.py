@@ -1,0 +1,250 @@
+"""The primitive of post-training quantization: build the integer program and its fake-quantized
+float twin side by side, fitting each requantisation point on the calibration data as it goes.
+
+Every value is a :class:`QValue`: an integer graph node whose float meaning is ``int * scale`` (scale
+per tensor, or per channel on the last axis), together with the fake-quantized float64 tensor of the
+same value on the current batch. In *fit* mode each requantisation point fits its quantizer on the
+calibration batch (sequential calibration: ranges are those the quantized model really sees); in
+*apply* mode it reuses the fitted quantizers, so running it on held-out inputs gives the fake-quantized
+forward that the integer program must match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from quant.config import QuantConfig, RangeMode
+from quant.ir import Graph, round_bit_pattern
+from quant.quantizer import Quantizer, quantize_weight
+
+Scale = float | np.ndarray
+
+
+@dataclass
+class QValue:
+    node: str
+    scale: Scale
+    fake: Tensor  # (N, *shape) float64, equal to int * scale
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.fake.shape[1:])
+
+
+@dataclass(frozen=True)
+class Range:
+    lo: float
+    hi: float
+
+
+def _scale_t(scale: Scale) -> Tensor | float:
+    return torch.from_numpy(np.asarray(scale, dtype=np.float64)) if isinstance(scale, np.ndarray) else scale
+
+
+class Lowering:
+    """Emits graph nodes and computes fake-quantized tensors for one pass over a batch."""
+
+    def __init__(self, config: QuantConfig, quantizers: dict[str, Quantizer] | None = None) -> None:
+        self.config = config
+        self.fitting = quantizers is None
+        self.quantizers: dict[str, Quantizer] = {} if quantizers is None else quantizers
+        self.ranges: dict[str, Range] = {}  # float range of every named point on this batch
+        self.graph = Graph()
+        self.values: dict[str, QValue] = {}  # node name -> its QValue on this batch (for diagnostics)
+
+    def _out(self, node: str, scale: Scale, fake: Tensor) -> QValue:
+        value = QValue(node, scale, fake)
+        self.values[node] = value
+        return value
+
+    # ------------------------------------------------------------------------------ bookkeeping
+    def record(self, name: str, t: Tensor) -> None:
+        self.ranges[name] = Range(float(t.min()), float(t.max()))
+
+    def fit(self, point: str, values: Tensor, bits: int | None = None, signed: bool | None = None) -> Quantizer:
+        """The quantizer of ``point``: fitted on ``values`` in fit mode, reused otherwise."""
+        if not self.fitting:
+            try:
+                return self.quantizers[point]
+            except KeyError:
+                raise KeyError(f"no fitted quantizer for {point!r}: the model changed since calibration") from None
+        bits = bits or self.config.bits_for(point)
+        v = values.detach().flatten().double()
+        if self.config.range_mode is RangeMode.PERCENTILE and v.numel() > 100:
+            hi_q = self.config.percentile / 100.0
+            lo, hi = float(torch.quantile(v[:1_000_000], 1 - hi_q)), float(torch.quantile(v[:1_000_000], hi_q))
+        else:
+            lo, hi = float(v.min()), float(v.max())
+        if signed is False:
+            lo = 0.0
+        q = Quantizer.fit(lo, hi, bits, symmetric=self.config.symmetric or signed is not None)
+        if signed is True and not q.signed:
+            q = Quantizer(max(abs(lo), abs(hi)) / (2 ** (bits - 1) - 1) or 1.0, 0, bits, True)
+        self.quantizers[point] = q
+        return q
+
+    # -------------------------------------------------------------------------------- the input
+    def input(self, x: Tensor, name: str = "input") -> tuple[QValue, Quantizer]:
+        x = x.double()
+        q = self.fit(name, x, self.config.in_bits)
+        self.record(name, x)
+        node = self.graph.add(name, "input", tag="input", shape=tuple(x.shape[1:]), dtype_bits=q.n_bits,
+                              signed=q.signed)
+        if q.zero_point:
+            node = self.graph.add(f"{name}.center", "add_const", (node,), tag="input",
+                                  value=np.int64(-q.zero_point))
+        return self._out(node, q.scale, q.fake(x)), q
+
+    # ---------------------------------------------------------------------------- leveled ops
+    def linear(self, x: QValue, weight: Tensor, bias: Tensor | None, name: str, tag: str,
+               bias_multiplier: float = 1.0) -> QValue:
+        """x @ Wᵀ + b with clear integer weights; the output scale is s_x · s_w.
+
+        ``bias_multiplier`` scales the bias before quantization (a pooled sum instead of a mean).
+        """
+        if isinstance(x.scale, np.ndarray):
+            raise ValueError(f"{name}: a linear layer needs a per-tensor input scale")
+        w = weight.detach().double().numpy().T  # (in, out)
+        per_channel = self.config.weight_granularity.value == "per-channel"
+        w_int, s_w = quantize_weight(w, self.config.w_bits, per_channel)
+        scale = x.scale * s_w
+        b = np.zeros(w.shape[1]) if bias is None else bias.detach().double().numpy() * bias_multiplier
+        b_int = np.round(b / scale).astype(np.int64)
+        node = self.graph.add(name, "linear", (x.node,), tag=tag, weight=w_int, bias=b_int)
+        fake = x.fake @ torch.from_numpy(w_int * s_w) + torch.from_numpy(b_int * scale)
+        self.record(name, fake)
+        return self._out(node, scale if per_channel else float(scale), fake)
+
+    def matmul_left(self, matrix: np.ndarray, x: QValue, name: str, tag: str) -> QValue:
+        """M @ x along the sequence axis (axis -2) with a clear matrix M quantized to weight_bits."""
+        if isinstance(x.scale, np.ndarray):
+            raise ValueError(f"{name}: needs a per-tensor input scale")
+        m_int, s_m = quantize_weight(matrix.reshape(-1, 1), self.config.w_bits, per_channel=False)
+        m_int = m_int.reshape(matrix.shape)
+        node = self.graph.add(name, "matmul_left", (x.node,), tag=tag, weight=m_int)
+        fake = torch.from_numpy(m_int * float(s_m)) @ x.fake
+        self.record(name, fake)
+        return self._out(node, x.scale * float(s_m), fake)
+
+    def add_const(self, x: QValue, value: np.ndarray, name: str, tag: str) -> QValue:
+        """x + c, with the float constant c quantized to x's scale."""
+        c_int = np.round(value / x.scale).astype(np.int64)
+        node = self.graph.add(name, "add_const", (x.node,), tag=tag, value=c_int)
+        fake = x.fake + torch.from_numpy(c_int * x.scale)
+        self.record(name, fake)
+        return self._out(node, x.scale, fake)
+
+    def _same_scale(self, a: QValue, b: QValue, what: str) -> None:
+        if not np.allclose(a.scale, b.scale, rtol=1e-12):
+            raise ValueError(f"{what}: operands have different scales {a.scale} and {b.scale}")
+
+    def add(self, a: QValue, b: QValue, name: str, tag: str) -> QValue:
+        self._same_scale(a, b, name)
+        node = self.graph.add(name, "add", (a.node, b.node), tag=tag)
+        fake = a.fake + b.fake
+        self.record(name, fake)
+        return self._out(node, a.scale, fake)
+
+    def sub(self, a: QValue, b: QValue, name: str, tag: str) -> QValue:
+        self._same_scale(a, b, name)
+        node = self.graph.add(name, "sub", (a.node, b.node), tag=tag)
+        fake = a.fake - b.fake
+        self.record(name, fake)
+        return self._out(node, a.scale, fake)
+
+    def sum(self, x: QValue, axis: int, name: str, tag: str, keepdims: bool = False) -> QValue:
+        if axis >= 0:
+            raise ValueError("use a negative axis (the batch axis is implicit)")
+        node = self.graph.add(name, "sum", (x.node,), tag=tag, axis=axis, keepdims=keepdims)
+        fake = x.fake.sum(dim=axis, keepdim=keepdims)
+        self.record(name, fake)
+        return self._out(node, x.scale, fake)
+
+    # ---------------------------------------------------------------------------- free reshapes
+    def expand_dims(self, x: QValue, axis: int, name: str) -> QValue:
+        node = self.graph.add(name, "expand_dims", (x.node,), axis=axis)
+        return self._out(node, x.scale, x.fake.unsqueeze(axis))
+
+    def reshape(self, x: QValue, shape: tuple[int, ...], name: str) -> QValue:
+        node = self.graph.add(name, "reshape", (x.node,), shape=tuple(shape), from_shape=x.shape)
+        return self._out(node, x.scale, x.fake.reshape(x.fake.shape[0], *shape))
+
+    def slice_last(self, x: QValue, start: int, stop: int, name: str) -> QValue:
+        """x[..., start:stop] (free)."""
+        node = self.graph.add(name, "slice", (x.node,), index=(slice(start, stop),))
+        return self._out(node, x.scale, x.fake[..., start:stop])
+
+    def transpose(self, x: QValue, axes: tuple[int, ...], name: str) -> QValue:
+        node = self.graph.add(name, "transpose", (x.node,), axes=tuple(axes))
+        return self._out(node, x.scale, x.fake.permute(0, *(a + 1 for a in axes)))
+
+    # ------------------------------------------------------------------------- PBS operations
+    def lut(self, x: QValue, fn: Callable[[Tensor], Tensor], point: str, tag: str, bits: int | None = None,
+            signed: bool | None = None, quantizer: Quantizer | None = None) -> QValue:
+        """y = quantize(fn(x)): one table lookup that fuses dequantisation, the float function and
+        requantisation. ``quantizer`` forces the output quantizer; otherwise it is fitted at ``point``."""
+        r = self.config.rounding_bits
+        x_in = self._rounded(x, r)
+        y = fn(x_in)
+        self.record(point + ".in", x.fake)
+        self.record(point, y)
+        q = quantizer or self.fit(point, y, bits, signed)
+        scale_t = _scale_t(x.scale)
+
+        def table(ints: np.ndarray, q=q, scale_t=scale_t, fn=fn) -> np.ndarray:
+            vals = fn(torch.from_numpy(np.asarray(ints, dtype=np.float64)) * scale_t)
+            return q.quantize_np(vals.numpy()) - q.zero_point
+
+        node = self.graph.add(point, "lut", (x.node,), tag=tag, fn=table, shape=x.shape, rounding_bits=r,
+                              per_channel=isinstance(x.scale, np.ndarray),
+                              out_range=(q.qmin - q.zero_point, q.qmax - q.zero_point))
+        return self._out(node, q.scale, q.fake(y))
+
+    def lut_exact(self, x: QValue, fn_int: Callable[[Tensor], Tensor], name: str, tag: str) -> QValue:
+        """A lookup that commutes with positive scaling (ReLU, |x|, min(x, 0)): the scale is kept and
+        the table is the integer function itself (no rounding, no requantisation)."""
+        node = self.graph.add(name, "lut", (x.node,), tag=tag, shape=x.shape, rounding_bits=0,
+                              fn=lambda ints: fn_int(torch.from_numpy(np.asarray(ints))).numpy(),
+                              per_channel=False)
+        fake = fn_int(x.fake)
+        self.record(name, fake)
+        return self._out(node, x.scale, fake)
+
+    def requant(self, x: QValue, point: str, tag: str, bits: int | None = None, signed: bool | None = None,
+                quantizer: Quantizer | None = None) -> QValue:
+        return self.lut(x, lambda t: t, point, tag, bits, signed, quantizer)
+
+    def mul(self, a: QValue, b: QValue, name: str, tag: str) -> QValue:
+        """Elementwise product of two encrypted values (numpy broadcasting)."""
+        fake = a.fake * b.fake
+        node = self.graph.add(name, "mul", (a.node, b.node), tag=tag, shape=tuple(fake.shape[1:]))
+        self.record(name, fake)
+        return self._out(node, _mul_scale(a.scale, b.scale), fake)
+
+    def matmul(self, a: QValue, b: QValue, name: str, tag: str) -> QValue:
+        """Encrypted × encrypted matrix product (QKᵀ, S·V)."""
+        if isinstance(a.scale, np.ndarray) or isinstance(b.scale, np.ndarray):
+            raise ValueError(f"{name}: encrypted matmul needs per-tensor scales")
+        fake = a.fake @ b.fake
+        node = self.graph.add(name, "matmul", (a.node, b.node), tag=tag, shape=tuple(fake.shape[1:]),
+                              inner=a.shape[-1])
+        self.record(name, fake)
+        return self._out(node, a.scale * b.scale, fake)
+
+    def _rounded(self, x: QValue, r: int) -> Tensor:
+        """The fake twin of a LUT input: the integers recovered from ``x.fake`` (exact: it equals
+        int * scale up to float rounding), rounded by ``r`` bits like the program, times the scale.
+        Evaluating the lookup's function on ``int * scale`` in both paths makes ties round alike."""
+        scale_t = _scale_t(x.scale)
+        ints = torch.round(x.fake / scale_t).to(torch.int64).numpy()
+        return torch.from_numpy(round_bit_pattern(ints, r).astype(np.float64)) * scale_t
+
+
+def _mul_scale(a: Scale, b: Scale) -> Scale:
+    out = np.asarray(a) * np.asarray(b)
+    return out if out.ndim else float(out)
