@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from scipy import stats
 from tqdm import tqdm
 

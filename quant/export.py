@@ -71,8 +71,9 @@ class QuantizedProgram:
         return out.fake.numpy()
 
 
-def export(model: Transformer, calib_x: Tensor, config: QuantConfig = QuantConfig()) -> QuantizedProgram:
+def export(model: Transformer, calib_x: Tensor, config: QuantConfig | None = None) -> QuantizedProgram:
     """Quantize ``model`` on calibration inputs ``calib_x`` (N, T, F) and calibrate the program."""
+    config = config or QuantConfig()
     model = model.eval()
     low = Lowering(config)
     with torch.no_grad():
@@ -138,7 +139,7 @@ def residual(low: Lowering, h: QValue, branch: QValue, name: str) -> QValue:
     if q_h is None:
         amax = float(branch.fake.abs().max())
         wide = max(low.config.bits_for(name), int(math.ceil(math.log2(amax / h.scale + 1))) + 1)
-        q_h = Quantizer(h.scale, 0, min(wide, 16), True)
+        q_h = Quantizer(h.scale, 0, wide, True)
         low.quantizers[f"{name}.branch"] = q_h
     b = low.requant(branch, f"{name}.branch", name, quantizer=q_h)
     s = low.add(h, b, f"{name}.sum", name)

@@ -1,0 +1,1 @@
+"""TFHE attention circuits studied per sequence length (imports models, quant and fhe)."""

@@ -1,0 +1,116 @@
+"""PTQ export: the integer program against the fake-quantized torch forward, the float model, and
+clear errors for what cannot export."""
+
+import numpy as np
+import pytest
+import torch
+
+from models import AttentionKind, Transformer, TransformerConfig
+from models.tasks import load_task
+from models.training import TrainConfig, config_for_task, train
+from quant import ExportError, OverflowPolicy, QuantConfig, export
+from quant.calibrate import calibrate
+from quant.qat import prepare_qat, strip_qat
+from quant.report import accuracy, program_summary
+
+KINDS = [k for k in AttentionKind]
+
+
+def tiny(kind, **kw):
+    cfg = dict(seq_len=6, in_features=5, n_outputs=3, attention=kind, d_model=8, n_heads=2, norm="none",
+               dct_n_bar=3)
+    cfg.update(kw)
+    return Transformer(TransformerConfig(**cfg)).double().eval()
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
+@pytest.mark.parametrize("qconfig", [QuantConfig(n_bits=6), QuantConfig(n_bits=5, symmetric=False,
+                                     weight_granularity="per-channel", rounding_bits=1)], ids=["sym", "asym-pc-r1"])
+def test_integer_program_equals_fake_quantized_forward(kind, qconfig):
+    model = tiny(kind)
+    x = torch.rand(260, 6, 5, dtype=torch.float64)
+    program = export(model, x[:200], qconfig)
+    held_out = x[200:]
+    out_int, clipped = program.run_int(program.quantize_input(held_out), OverflowPolicy.CLIP)
+    ok = np.ones(len(held_out), bool)
+    if clipped:  # a sample that overflowed a calibrated width is not comparable; there must be few
+        rec = {}
+        program.graph.run(program.quantize_input(held_out), OverflowPolicy.CLIP, record=rec)
+        assert sum(clipped.values()) < 10
+    fake = program.fake_forward(held_out)
+    got = program.dequantize_output(out_int)
+    if clipped:
+        ok = np.isclose(got, fake, rtol=1e-9, atol=1e-9).all(-1)
+        assert ok.mean() > 0.9
+    np.testing.assert_allclose(got[ok], fake[ok], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", [AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR,
+                                  AttentionKind.DOT_PRODUCT, AttentionKind.ACTIVATOR], ids=lambda k: k.value)
+def test_sixteen_bit_program_tracks_the_float_model(kind):
+    model = tiny(kind)
+    x = torch.rand(300, 6, 5, dtype=torch.float64)
+    program = export(model, x[:250], QuantConfig(n_bits=16, weight_bits=14))
+    with torch.no_grad():
+        ref = model(x[250:]).numpy()
+    got = program.forward(x[250:], OverflowPolicy.CLIP)
+    assert np.abs(got - ref).max() < 0.02 * np.abs(ref).max() + 1e-3
+
+
+def test_layernorm_and_token_models_fail_with_what_to_do():
+    with pytest.raises(ExportError, match="--norm none"):
+        export(tiny(AttentionKind.INHIBITOR, norm="layernorm"), torch.rand(10, 6, 5, dtype=torch.float64))
+    tok = Transformer(TransformerConfig(seq_len=6, in_features=20, n_outputs=2, input_kind="tokens", norm="none"))
+    with pytest.raises(ExportError, match="token"):
+        export(tok, torch.randint(0, 20, (10, 6)))
+    with pytest.raises(ExportError, match="Algorithm 2"):
+        export(tiny(AttentionKind.DCT, dct_ideal=True), torch.rand(10, 6, 5, dtype=torch.float64))
+
+
+def test_inhibitor_program_has_no_encrypted_products_and_dot_product_does():
+    x = torch.rand(50, 6, 5, dtype=torch.float64)
+    inh = export(tiny(AttentionKind.INHIBITOR), x).graph
+    dot = export(tiny(AttentionKind.DOT_PRODUCT), x).graph
+    assert not [n for n in inh.nodes.values() if n.op in ("mul", "matmul")]
+    assert [n for n in dot.nodes.values() if n.op == "matmul"]
+    assert inh.pbs_estimate() < dot.pbs_estimate()
+
+
+def test_calibration_records_attention_internals():
+    model = tiny(AttentionKind.DOT_PRODUCT).float()
+    x = torch.rand(40, 6, 5)
+    cal = calibrate(model, x)
+    attn = model.blocks[0].mixer
+    with torch.no_grad():
+        h = model.embed(x) + model.pos
+        q, k = attn.split(attn.q_proj(h)), attn.split(attn.k_proj(h))
+        scores = q @ k.transpose(-2, -1) / 2.0
+    assert cal["blocks.0.mixer.scores"].hi == pytest.approx(float(scores.max()), rel=1e-5)
+    assert cal["blocks.0.mixer.exp_sum"].lo >= 1.0  # the row maximum contributes exp(0)
+    assert "blocks.0.ffn.fc1.out" in cal and "input" in cal
+    inh = calibrate(tiny(AttentionKind.INHIBITOR).float(), x)
+    assert inh["blocks.0.mixer.inhibitor.shifted"].lo >= 0.0
+
+
+@pytest.fixture(scope="module")
+def digits_inhibitor():
+    data = load_task("digits")
+    cfg = config_for_task(data, attention="inhibitor", d_model=32, n_heads=2, norm="none")
+    return data, cfg, train(cfg, data, TrainConfig(epochs=30, lr=3e-3), progress=False)
+
+
+def test_digits_inhibitor_ptq_6_bits_within_one_point(digits_inhibitor):
+    data, _, result = digits_inhibitor
+    program = export(result.model, data.x_train[:500], QuantConfig(n_bits=6))
+    acc = accuracy(program.forward(data.x_test, OverflowPolicy.CLIP), data.y_test.numpy())
+    assert result.test_score > 0.9
+    assert acc >= result.test_score - 0.01, (acc, result.test_score)
+    assert program_summary(program.graph)["fits_tfhe"]
+
+
+def test_digits_inhibitor_qat_4_bits_within_two_points(digits_inhibitor):
+    data, cfg, result = digits_inhibitor
+    qat = train(cfg, data, TrainConfig(epochs=15, lr=1e-3), progress=False, model=prepare_qat(result.model, 4))
+    program = export(strip_qat(qat.model), data.x_train[:500], QuantConfig(n_bits=4))
+    acc = accuracy(program.forward(data.x_test, OverflowPolicy.CLIP), data.y_test.numpy())
+    assert acc >= result.test_score - 0.02, (acc, result.test_score)
