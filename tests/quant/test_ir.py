@@ -43,7 +43,7 @@ def test_overflow_policy_error_names_the_node_and_clip_counts():
     with pytest.raises(RangeOverflowError, match=r"node 'x' \(input.*wrap around"):
         g.run(big, OverflowPolicy.ERROR)
     out, clipped = g.run(big, OverflowPolicy.CLIP)
-    assert clipped["x"] == 3 and clipped["lin"] > 0
+    assert clipped == {"x": 3}  # saturating the input keeps every later value inside its width
     assert out.max() <= 2 ** g.nodes["s"].bits
 
 
