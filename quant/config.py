@@ -27,6 +27,8 @@ class QuantConfig:
     biases, so the integer program itself never carries a zero-point).
     ``rounding_bits``: least-significant bits each table lookup rounds away before reading its table
     (concrete's ``round_bit_pattern``); 0 disables.
+    ``lut_bits``: instead, round each lookup's input just enough that it reads at most this many bits
+    (chosen per lookup from its calibrated range; TFHE's PBS cost grows steeply with this width).
     ``bits_overrides``: per-requantisation-point n_bits, keyed by point name prefix
     (e.g. ``{"block0.attn": 8}``).
     """
@@ -39,6 +41,7 @@ class QuantConfig:
     range_mode: RangeMode = RangeMode.MINMAX
     percentile: float = 99.99
     rounding_bits: int = 0
+    lut_bits: int | None = None
     bits_overrides: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
@@ -50,6 +53,8 @@ class QuantConfig:
             v = getattr(self, name)
             if v is not None and not 2 <= v <= 16:
                 raise ValueError(f"QuantConfig.{name} must be in [2, 16], got {v}")
+        if self.lut_bits is not None and not 2 <= self.lut_bits <= 16:
+            raise ValueError(f"lut_bits must be in [2, 16], got {self.lut_bits}")
         if self.rounding_bits < 0:
             raise ValueError(f"rounding_bits must be >= 0, got {self.rounding_bits}")
         if not 50.0 < self.percentile <= 100.0:

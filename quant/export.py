@@ -22,7 +22,7 @@ from models.config import Activation, AttentionKind, InputKind, NormKind
 from models.transformer import Block, Transformer
 from quant.config import QuantConfig
 from quant.ir import Graph, OverflowPolicy
-from quant.lowering import Lowering, QValue, Range
+from quant.lowering import Fitted, Lowering, QValue, Range
 from quant.quantizer import Quantizer
 
 
@@ -37,7 +37,7 @@ class QuantizedProgram:
     graph: Graph
     input_quantizer: Quantizer
     output_scale: np.ndarray | float
-    quantizers: dict[str, Quantizer]
+    fitted: Fitted
     config: QuantConfig
     model: Transformer
     calibration: dict[str, Range] = field(default_factory=dict)
@@ -66,7 +66,7 @@ class QuantizedProgram:
 
     def fake_forward(self, x: Tensor) -> np.ndarray:
         """The fake-quantized torch forward with the fitted quantizers (the integer program's twin)."""
-        low = Lowering(self.config, self.quantizers)
+        low = Lowering(self.config, self.fitted)
         out = lower_transformer(low, self.model, torch.as_tensor(x))
         return out.fake.numpy()
 
@@ -81,7 +81,7 @@ def export(model: Transformer, calib_x: Tensor, config: QuantConfig | None = Non
     low.graph.set_output(out.node)
     calib_int = low.quantizers["input"].quantize_np(np.asarray(calib_x, dtype=np.float64))
     low.graph.calibrate(calib_int)
-    return QuantizedProgram(low.graph, low.quantizers["input"], out.scale, low.quantizers, config, model,
+    return QuantizedProgram(low.graph, low.quantizers["input"], out.scale, low.fitted, config, model,
                             calibration=low.ranges)
 
 

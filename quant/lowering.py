@@ -12,14 +12,14 @@ forward that the integer program must match.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from quant.config import QuantConfig, RangeMode
-from quant.ir import Graph, round_bit_pattern
+from quant.ir import Graph, round_bit_pattern, value_bits
 from quant.quantizer import Quantizer, quantize_weight
 
 Scale = float | np.ndarray
@@ -36,6 +36,14 @@ class QValue:
         return tuple(self.fake.shape[1:])
 
 
+@dataclass
+class Fitted:
+    """What calibration fixes: a quantizer per requantisation point, rounding bits per lookup."""
+
+    quantizers: dict[str, Quantizer] = field(default_factory=dict)
+    rounding: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Range:
     lo: float
@@ -49,10 +57,11 @@ def _scale_t(scale: Scale) -> Tensor | float:
 class Lowering:
     """Emits graph nodes and computes fake-quantized tensors for one pass over a batch."""
 
-    def __init__(self, config: QuantConfig, quantizers: dict[str, Quantizer] | None = None) -> None:
+    def __init__(self, config: QuantConfig, fitted: Fitted | None = None) -> None:
         self.config = config
-        self.fitting = quantizers is None
-        self.quantizers: dict[str, Quantizer] = {} if quantizers is None else quantizers
+        self.fitting = fitted is None
+        self.fitted = Fitted() if fitted is None else fitted
+        self.quantizers = self.fitted.quantizers
         self.ranges: dict[str, Range] = {}  # float range of every named point on this batch
         self.graph = Graph()
         self.values: dict[str, QValue] = {}  # node name -> its QValue on this batch (for diagnostics)
@@ -188,7 +197,7 @@ class Lowering:
             signed: bool | None = None, quantizer: Quantizer | None = None) -> QValue:
         """y = quantize(fn(x)): one table lookup that fuses dequantisation, the float function and
         requantisation. ``quantizer`` forces the output quantizer; otherwise it is fitted at ``point``."""
-        r = self.config.rounding_bits
+        r = self._rounding_for(point, x)
         x_in = self._rounded(x, r)
         y = fn(x_in)
         self.record(point + ".in", x.fake)
@@ -235,6 +244,17 @@ class Lowering:
                               inner=a.shape[-1])
         self.record(name, fake)
         return self._out(node, a.scale * b.scale, fake)
+
+    def _rounding_for(self, point: str, x: QValue) -> int:
+        """Fixed ``rounding_bits``, or with ``lut_bits`` the fewest LSBs that bring this lookup's
+        calibrated input down to ``lut_bits`` bits (stored with the quantizers for apply mode)."""
+        if self.config.lut_bits is None:
+            return self.config.rounding_bits
+        if self.fitting:
+            ints = torch.round(x.fake / _scale_t(x.scale))
+            bits = value_bits(int(ints.min()), int(ints.max()))
+            self.fitted.rounding[point] = max(0, bits - self.config.lut_bits)
+        return self.fitted.rounding[point]
 
     def _rounded(self, x: QValue, r: int) -> Tensor:
         """The fake twin of a LUT input: the integers recovered from ``x.fake`` (exact: it equals

@@ -1,0 +1,266 @@
+"""TFHE backend: lowers the integer program (quant.ir.Graph) to a concrete-python circuit.
+
+Every IR op maps to one numpy/concrete operation; every node runs inside ``fhe.tag(node.tag)`` so
+Concrete attributes PBS counts and bit widths per layer and attention stage. Table lookups become
+``fhe.univariate`` on the node's integer function (preceded by ``fhe.round_bit_pattern`` when the node
+rounds), and each lookup's output carries an ``fhe.hint`` of the width its quantizer can produce, so
+values calibration did not show cannot wrap around.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from concrete import fhe
+
+from fhe.backends import register_backend
+from fhe.errors import KeysMissingError, NotCompiledError
+from fhe.schemes import Scheme, TfheParams
+from quant.ir import Graph
+
+SERVER_FILES = ("server.zip", "evaluation_keys.bin", "meta.json")
+
+
+def _lower_node(node, args, graph: Graph):
+    a = node.attrs
+    op = node.op
+    if op == "linear":
+        return args[0] @ a["weight"] + a["bias"]
+    if op == "matmul_left":
+        return np.matmul(a["weight"], args[0])
+    if op == "add_const":
+        return args[0] + a["value"]
+    if op == "mul_const":
+        return args[0] * a["value"]
+    if op == "add":
+        return args[0] + args[1]
+    if op == "sub":
+        return args[0] - args[1]
+    if op == "neg":
+        return -args[0]
+    if op == "sum":
+        return np.sum(args[0], axis=a["axis"], keepdims=a.get("keepdims", False))
+    if op == "lut":
+        if a.get("per_channel"):
+            raise NotImplementedError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
+                                      "quantize with per-tensor weights")
+        x = args[0]
+        if a.get("rounding_bits", 0):
+            x = fhe.round_bit_pattern(x, lsbs_to_remove=a["rounding_bits"])
+        y = fhe.univariate(a["fn"])(x)
+        if "out_range" in a and node.bits is not None:
+            y = fhe.hint(y, bit_width=node.bits)
+        return y
+    if op == "mul":
+        return args[0] * args[1]
+    if op == "matmul":
+        return np.matmul(args[0], args[1])
+    if op == "reshape":
+        return np.reshape(args[0], tuple(a["shape"]))
+    if op == "transpose":
+        return np.transpose(args[0], tuple(a["axes"]))
+    if op == "expand_dims":
+        return np.expand_dims(args[0], a["axis"])
+    if op == "slice":
+        return args[0][(Ellipsis, *a["index"])]
+    if op == "concat":
+        return np.concatenate(tuple(args), axis=a["axis"])
+    raise NotImplementedError(f"op {op!r} (node {node.name!r}) has no TFHE lowering")
+
+
+def to_concrete_function(graph: Graph):
+    """A python function of one encrypted argument ``x`` that Concrete can trace."""
+
+    def circuit(x):
+        env = {}
+        for node in graph.nodes.values():
+            if node.op == "input":
+                env[node.name] = x
+                continue
+            args = [env[i] for i in node.inputs]
+            if node.tag:
+                with fhe.tag(node.tag):
+                    env[node.name] = _lower_node(node, args, graph)
+            else:
+                env[node.name] = _lower_node(node, args, graph)
+        return env[graph.output_name]
+
+    return circuit
+
+
+def _main_params(circuit) -> dict:
+    """The bootstrap/keyswitch parameters that carry the most PBS (Table 2's columns)."""
+    pbs = circuit.programmable_bootstrap_count_per_parameter
+    if not pbs:
+        return {}
+    bsk = max(pbs, key=lambda p: (pbs[p], p.polynomial_size))
+    ksk_counts = circuit.key_switch_count_per_parameter
+    ksk = max(ksk_counts, key=lambda p: ksk_counts[p]) if ksk_counts else None
+    return {"lwe_dimension": bsk.input_lwe_dimension, "glwe_dimension": bsk.glwe_dimension,
+            "polynomial_size": bsk.polynomial_size, "pbs_base_log": bsk.base_log, "pbs_level": bsk.level,
+            "ks_base_log": None if ksk is None else ksk.base_log, "ks_level": None if ksk is None else ksk.level}
+
+
+def _all_params(circuit) -> list[dict]:
+    return [{"lwe_dimension": p.input_lwe_dimension, "glwe_dimension": p.glwe_dimension,
+             "polynomial_size": p.polynomial_size, "pbs_base_log": p.base_log, "pbs_level": p.level, "pbs": n}
+            for p, n in circuit.programmable_bootstrap_count_per_parameter.items()]
+
+
+@register_backend(TfheParams)
+class TfheBackend:
+    """One compiled TFHE circuit of an integer program, with the harness vocabulary."""
+
+    scheme = Scheme.TFHE
+
+    def __init__(self, graph: Graph, circuit, params: TfheParams, compile_s: float, meta: dict) -> None:
+        self.graph = graph
+        self.circuit = circuit
+        self.params = params
+        self.meta = meta
+        self.timings_s: dict[str, float] = {"compile": compile_s}
+
+    # ------------------------------------------------------------------------------ compile
+    @classmethod
+    def compile(cls, graph: Graph, calib_ints: np.ndarray, params: TfheParams, meta: dict | None = None,
+                simulate_only: bool = False) -> TfheBackend:
+        """Compiles ``graph`` with an inputset drawn from the calibration integers."""
+        if graph.output_name is None or graph.nodes[graph.input_name].lo is None:
+            raise NotCompiledError("the integer program is not calibrated; build it with quant.export first")
+        graph.check_fits()
+        inputset = [np.asarray(s, dtype=np.int64) for s in calib_ints[: params.inputset_size]]
+        config = fhe.Configuration(
+            show_progress=False, p_error=params.p_error, global_p_error=params.global_p_error,
+            dataflow_parallelize=params.dataflow_parallelize, loop_parallelize=params.loop_parallelize,
+            fhe_simulation=True, fhe_execution=not simulate_only, detect_overflow_in_simulation=False)
+        compiler = fhe.Compiler(to_concrete_function(graph), {"x": "encrypted"})
+        start = time.perf_counter()
+        circuit = compiler.compile(inputset, config)
+        meta = dict(meta or {})
+        meta.setdefault("input_shape", list(graph.input_shape))
+        return cls(graph, circuit, params, time.perf_counter() - start, meta)
+
+    # ------------------------------------------------------------------------- harness verbs
+    def _timed(self, key: str, fn, *args):
+        start = time.perf_counter()
+        out = fn(*args)
+        self.timings_s[key] = time.perf_counter() - start
+        return out
+
+    def keygen(self, force: bool = False) -> None:
+        self._timed("keygen", lambda: self.circuit.keygen(force=force))
+
+    def encrypt(self, x_int: np.ndarray):
+        self._require_keys()
+        return self._timed("encrypt", self.circuit.encrypt, np.asarray(x_int, dtype=np.int64))
+
+    def run(self, ct):
+        return self._timed("run", self.circuit.run, ct)
+
+    def decrypt(self, ct) -> np.ndarray:
+        return np.asarray(self._timed("decrypt", self.circuit.decrypt, ct))
+
+    def encrypt_run_decrypt(self, x_int: np.ndarray) -> np.ndarray:
+        return self.decrypt(self.run(self.encrypt(x_int)))
+
+    def simulate(self, x_int: np.ndarray) -> np.ndarray:
+        return np.asarray(self._timed("simulate", self.circuit.simulate, np.asarray(x_int, dtype=np.int64)))
+
+    def _require_keys(self) -> None:
+        if not self.circuit.keys.are_generated:
+            raise KeysMissingError("no keys yet: call keygen() (or `fhe compile` then `fhe run`) first")
+
+    # -------------------------------------------------------------------------------- report
+    def report(self) -> dict:
+        c = self.circuit
+        pbs_per_tag = {t: int(n) for t, n in c.programmable_bootstrap_count_per_tag.items()}
+        tags = sorted({n.tag for n in self.graph.nodes.values() if n.tag})
+        return {
+            "scheme": self.scheme.value,
+            "pbs_count": int(c.programmable_bootstrap_count),
+            "pbs_per_tag": pbs_per_tag,
+            "max_bit_width": int(c.graph.maximum_integer_bit_width()),
+            "bit_width_per_tag": {t: int(c.graph.maximum_integer_bit_width(tag_filter=t)) for t in tags},
+            "params": _main_params(c),
+            "params_all": _all_params(c),
+            "key_sizes_bytes": {"secret": int(c.size_of_secret_keys), "bootstrap": int(c.size_of_bootstrap_keys),
+                                "keyswitch": int(c.size_of_keyswitch_keys),
+                                "evaluation": int(c.size_of_bootstrap_keys + c.size_of_keyswitch_keys)},
+            "timings_s": {k: self.timings_s.get(k) for k in ("compile", "keygen", "encrypt", "run", "decrypt")},
+            "seq_len": self.meta.get("seq_len", self.graph.input_shape[0] if self.graph.input_shape else None),
+            "n_bits": self.params.n_bits,
+            "p_error": float(c.p_error),
+            "global_p_error": float(c.global_p_error),
+            "complexity": float(c.complexity),
+            "pbs_estimate_ir": self.graph.pbs_estimate(),
+        }
+
+    # --------------------------------------------------------------------------- artifacts
+    def save(self, directory: str | Path, include_secret_key: bool = False) -> dict[str, Path]:
+        """Writes ``server/`` (circuit + evaluation keys only) and ``client/`` (specs, quantization and,
+        only if ``include_secret_key``, the secret keys)."""
+        directory = Path(directory)
+        server, client = directory / "server", directory / "client"
+        for d in (server, client):
+            if d.exists():
+                shutil.rmtree(d)
+            d.mkdir(parents=True)
+        self.circuit.server.save(server / "server.zip")
+        meta = json.dumps(self.meta, indent=2, default=_jsonable)
+        (server / "meta.json").write_text(meta)
+        if self.circuit.keys.are_generated:
+            (server / "evaluation_keys.bin").write_bytes(self.circuit.client.evaluation_keys.serialize())
+        self.circuit.client.save(client / "client.zip")
+        (client / "meta.json").write_text(meta)
+        if include_secret_key:
+            self._require_keys()
+            (client / "keys.bin").write_bytes(self.circuit.keys.serialize())
+        return {"server": server, "client": client}
+
+
+def _jsonable(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    raise TypeError(f"cannot serialise {type(v).__name__}")
+
+
+class TfheServer:
+    """What the server holds: the compiled circuit and the client's evaluation keys. No secret key."""
+
+    def __init__(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        missing = [f for f in ("server.zip", "evaluation_keys.bin") if not (directory / f).exists()]
+        if missing:
+            raise FileNotFoundError(f"server artifact {directory} lacks {missing}; run `fhe compile ... --out DIR` "
+                                    "(keys are generated at compile time)")
+        self.server = fhe.Server.load(directory / "server.zip")
+        self.evaluation_keys = fhe.EvaluationKeys.deserialize((directory / "evaluation_keys.bin").read_bytes())
+
+    def run(self, serialized_ct: bytes) -> bytes:
+        ct = fhe.Value.deserialize(serialized_ct)
+        return self.server.run(ct, evaluation_keys=self.evaluation_keys).serialize()
+
+
+class TfheClient:
+    """What the data owner holds: client specs, quantization metadata and the secret keys."""
+
+    def __init__(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        if not (directory / "keys.bin").exists():
+            raise KeysMissingError(f"{directory} holds no secret keys (saved without include_secret_key)")
+        self.client = fhe.Client.load(directory / "client.zip")
+        self.client.keys = fhe.Keys.deserialize((directory / "keys.bin").read_bytes())
+        self.meta = json.loads((directory / "meta.json").read_text())
+
+    def encrypt(self, x_int: np.ndarray) -> bytes:
+        return self.client.encrypt(np.asarray(x_int, dtype=np.int64)).serialize()
+
+    def decrypt(self, serialized: bytes) -> np.ndarray:
+        return np.asarray(self.client.decrypt(fhe.Value.deserialize(serialized)))
+

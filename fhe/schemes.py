@@ -1,0 +1,48 @@
+"""Schemes and their parameters: typed configuration that drives backend dispatch."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Scheme(str, Enum):
+    TFHE = "tfhe"
+    CKKS = "ckks"
+
+
+class FheMode(str, Enum):
+    SIMULATE = "simulate"  # Concrete's simulation: the same circuit with modelled noise, no encryption
+    EXECUTE = "execute"  # real keys, real ciphertexts
+
+
+@dataclass(frozen=True)
+class TfheParams:
+    """TFHE compilation settings (concrete-python).
+
+    ``p_error``: probability that one PBS returns a wrong value; ``global_p_error``: for the whole
+    circuit (Concrete takes the stricter). ``rounding_bits`` is applied by the quantizer (it changes
+    the integer program itself, so the clear and encrypted runs agree exactly).
+    """
+
+    n_bits: int = 6
+    rounding_bits: int = 0
+    p_error: float | None = None
+    global_p_error: float | None = 1e-5
+    dataflow_parallelize: bool = False
+    loop_parallelize: bool = True
+    inputset_size: int = 100
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.n_bits <= 16:
+            raise ValueError(f"n_bits must be in [2, 16], got {self.n_bits}")
+        for name in ("p_error", "global_p_error"):
+            v = getattr(self, name)
+            if v is not None and not 0 < v < 1:
+                raise ValueError(f"{name} must be in (0, 1), got {v}")
+        if self.inputset_size < 1:
+            raise ValueError("inputset_size must be >= 1")
+
+    def replace(self, **changes) -> TfheParams:
+        return dataclasses.replace(self, **changes)
