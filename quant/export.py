@@ -225,7 +225,8 @@ def row_max(low: Lowering, s: QValue, name: str, tag: str) -> QValue:
         half = n // 2
         a = low.slice_last(s, 0, half, f"{name}.max{level}.a")
         b = low.slice_last(s, half, 2 * half, f"{name}.max{level}.b")
-        gap = low.lut_exact(low.sub(a, b, f"{name}.max{level}.d", tag), torch.relu, f"{name}.max{level}.relu", tag)
+        gap = low.lut_exact(low.sub(a, b, f"{name}.max{level}.d", tag), torch.relu, f"{name}.max{level}.relu", tag,
+                            rounding=True)  # an approximate maximum is enough: softmax is shift-invariant
         m = low.add(b, gap, f"{name}.max{level}", tag)
         if n % 2:  # carry the odd element to the next level
             rest = low.slice_last(s, n - 1, n, f"{name}.max{level}.rest")

@@ -192,11 +192,12 @@ class Graph:
         return max((n.lut_input_bits(self) or 0) for n in self.nodes.values())
 
     def pbs_estimate(self) -> int:
-        """Programmable bootstraps the program needs: 1 per LUT element, 2 per encrypted product."""
+        """Programmable bootstraps the program needs: 1 per LUT element (2 when its input is rounded
+        first: exact rounding costs one more), 2 per encrypted product."""
         total = 0
         for node in self.nodes.values():
             if node.op == "lut":
-                total += int(np.prod(node.attrs["shape"]))
+                total += int(np.prod(node.attrs["shape"])) * (2 if node.attrs.get("rounding_bits", 0) else 1)
             elif node.op == "mul":
                 total += 2 * int(np.prod(node.attrs["shape"]))
             elif node.op == "matmul":

@@ -76,7 +76,10 @@ class Lowering:
         self.ranges[name] = Range(float(t.min()), float(t.max()))
 
     def fit(self, point: str, values: Tensor, bits: int | None = None, signed: bool | None = None) -> Quantizer:
-        """The quantizer of ``point``: fitted on ``values`` in fit mode, reused otherwise."""
+        """The quantizer of ``point``: fitted on ``values`` in fit mode (unless one was given in
+        advance), reused otherwise."""
+        if self.fitting and point in self.quantizers:
+            return self.quantizers[point]
         if not self.fitting:
             try:
                 return self.quantizers[point]
@@ -214,13 +217,16 @@ class Lowering:
                               out_range=(q.qmin - q.zero_point, q.qmax - q.zero_point))
         return self._out(node, q.scale, q.fake(y))
 
-    def lut_exact(self, x: QValue, fn_int: Callable[[Tensor], Tensor], name: str, tag: str) -> QValue:
+    def lut_exact(self, x: QValue, fn_int: Callable[[Tensor], Tensor], name: str, tag: str,
+                  rounding: bool = False) -> QValue:
         """A lookup that commutes with positive scaling (ReLU, |x|, min(x, 0)): the scale is kept and
-        the table is the integer function itself (no rounding, no requantisation)."""
-        node = self.graph.add(name, "lut", (x.node,), tag=tag, shape=x.shape, rounding_bits=0,
+        the table is the integer function itself (no requantisation). With ``rounding`` the input is
+        rounded like any lookup's (``lut_bits``), for uses that tolerate it (a softmax's row maximum)."""
+        r = self._rounding_for(name, x) if rounding else 0
+        node = self.graph.add(name, "lut", (x.node,), tag=tag, shape=x.shape, rounding_bits=r,
                               fn=lambda ints: fn_int(torch.from_numpy(np.asarray(ints))).numpy(),
                               per_channel=False)
-        fake = fn_int(x.fake)
+        fake = fn_int(self._rounded(x, r)) if r else fn_int(x.fake)
         self.record(name, fake)
         return self._out(node, x.scale, fake)
 

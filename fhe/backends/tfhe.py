@@ -22,6 +22,7 @@ from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
 from quant.ir import Graph
 
+HINTS = True
 SERVER_FILES = ("server.zip", "evaluation_keys.bin", "meta.json")
 
 
@@ -52,24 +53,43 @@ def _lower_node(node, args, graph: Graph):
         if a.get("rounding_bits", 0):
             x = fhe.round_bit_pattern(x, lsbs_to_remove=a["rounding_bits"])
         y = fhe.univariate(a["fn"])(x)
-        if "out_range" in a and node.bits is not None:
+        if HINTS and "out_range" in a and node.bits is not None:
             y = fhe.hint(y, bit_width=node.bits)
         return y
-    if op == "mul":
-        return args[0] * args[1]
-    if op == "matmul":
-        return np.matmul(args[0], args[1])
+    if op in ("mul", "matmul"):
+        return _product(node, args, graph)
     if op == "reshape":
         return np.reshape(args[0], tuple(a["shape"]))
     if op == "transpose":
         return np.transpose(args[0], tuple(a["axes"]))
     if op == "expand_dims":
         return np.expand_dims(args[0], a["axis"])
-    if op == "slice":
-        return args[0][(Ellipsis, *a["index"])]
+    if op == "slice":  # Concrete does not index with Ellipsis: spell the leading axes out
+        lead = (slice(None),) * (len(args[0].shape) - len(a["index"]))
+        return args[0][(*lead, *a["index"])]
     if op == "concat":
         return np.concatenate(tuple(args), axis=a["axis"])
     raise NotImplementedError(f"op {op!r} (node {node.name!r}) has no TFHE lowering")
+
+
+def _quarter_square(t):
+    return (t * t) // 4
+
+
+def _product(node, args, graph: Graph):
+    """Encrypted × encrypted product (elementwise, or a matmul), by quarter squares:
+
+        a·b = ⌊(a + b)²/4⌋ − ⌊(a − b)²/4⌋   (exact: a + b and a − b have the same parity)
+
+    two univariate lookups per product, the PBS count of Concrete's own multiplication. We spell it
+    out because concrete-python 2.11 multiplies an unsigned by a signed operand wrongly (reproduced
+    in simulation and execution here; see zama-ai/concrete issues #1302 and #1309 for related
+    mixed-sign miscomputations), and this form is exact for any signs."""
+    a, b = args
+    if node.op == "matmul":
+        a, b = np.expand_dims(a, -1), np.expand_dims(b, -3)  # (..., M, K, 1), (..., 1, K, N)
+    prods = fhe.univariate(_quarter_square)(a + b) - fhe.univariate(_quarter_square)(a - b)
+    return np.sum(prods, axis=-2) if node.op == "matmul" else prods
 
 
 def to_concrete_function(graph: Graph):
@@ -97,17 +117,18 @@ def _main_params(circuit) -> dict:
     pbs = circuit.programmable_bootstrap_count_per_parameter
     if not pbs:
         return {}
-    bsk = max(pbs, key=lambda p: (pbs[p], p.polynomial_size))
+    bsk = max(pbs, key=lambda p: (pbs[p], p.polynomial_size()))
     ksk_counts = circuit.key_switch_count_per_parameter
     ksk = max(ksk_counts, key=lambda p: ksk_counts[p]) if ksk_counts else None
-    return {"lwe_dimension": bsk.input_lwe_dimension, "glwe_dimension": bsk.glwe_dimension,
-            "polynomial_size": bsk.polynomial_size, "pbs_base_log": bsk.base_log, "pbs_level": bsk.level,
-            "ks_base_log": None if ksk is None else ksk.base_log, "ks_level": None if ksk is None else ksk.level}
+    return {"lwe_dimension": bsk.input_lwe_dimension(), "glwe_dimension": bsk.glwe_dimension(),
+            "polynomial_size": bsk.polynomial_size(), "pbs_base_log": bsk.base_log(), "pbs_level": bsk.level(),
+            "ks_base_log": None if ksk is None else ksk.base_log(), "ks_level": None if ksk is None else ksk.level()}
 
 
 def _all_params(circuit) -> list[dict]:
-    return [{"lwe_dimension": p.input_lwe_dimension, "glwe_dimension": p.glwe_dimension,
-             "polynomial_size": p.polynomial_size, "pbs_base_log": p.base_log, "pbs_level": p.level, "pbs": n}
+    return [{"lwe_dimension": p.input_lwe_dimension(), "glwe_dimension": p.glwe_dimension(),
+             "polynomial_size": p.polynomial_size(), "pbs_base_log": p.base_log(), "pbs_level": p.level(),
+             "pbs": int(n)}
             for p, n in circuit.programmable_bootstrap_count_per_parameter.items()]
 
 

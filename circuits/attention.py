@@ -1,0 +1,150 @@
+"""Single-head attention circuits per sequence length: the Inhibitor paper's TFHE study (Tables 2-4).
+
+Each circuit takes one encrypted integer tensor (T, 3d) holding Q | K | V at ``n_bits`` bits (values
+in [-1, 1] on a uniform grid) and returns the attention output H (T, d). They are built with the same
+lowering code as whole models (quant.export), so what is measured here is what models compile to.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+import torch
+from torch import nn
+
+from quant.config import QuantConfig
+from quant.export import exp_scores, lower_dct, lower_geglu, lower_inhibitor, lower_normalized, power_scores
+from quant.ir import Graph
+from quant.lowering import Lowering, QValue
+from quant.quantizer import Quantizer
+
+
+class Variant(str, Enum):
+    INHIBITOR = "inhibitor"
+    SIGNED_INHIBITOR = "signed-inhibitor"
+    DOT_PRODUCT = "dot-product"
+    POWER_SOFTMAX = "power-softmax"
+    DCT = "dct"
+    GEGLU = "geglu"
+
+
+@dataclass(frozen=True)
+class CircuitSpec:
+    variant: Variant
+    seq_len: int
+    d: int = 2
+    n_bits: int = 6
+    lut_bits: int | None = None  # round lookup inputs down to this width (None: exact widths)
+    alpha: float = 0.5  # Inhibitor shift (the paper's setting)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "variant", Variant(self.variant))
+        if self.seq_len < 1 or self.d < 1:
+            raise ValueError(f"seq_len and d must be >= 1, got {self.seq_len}, {self.d}")
+        if not 2 <= self.n_bits <= 12:
+            raise ValueError(f"n_bits must be in [2, 12], got {self.n_bits}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.value}-T{self.seq_len}-d{self.d}-b{self.n_bits}"
+
+
+@dataclass
+class BuiltCircuit:
+    spec: CircuitSpec
+    graph: Graph
+    calib_ints: np.ndarray  # (N, T, 3d) inputset
+    output_scale: float | np.ndarray
+    reference: Callable[[np.ndarray], np.ndarray]  # float attention of the dequantized input
+
+
+class _InhibitorParams:
+    def __init__(self, d: int, alpha: float, signed: bool) -> None:
+        self.gamma, self.alpha, self.signed = math.sqrt(d), alpha, signed
+
+
+class _DctParams:
+    def __init__(self, n_bar: int) -> None:
+        self.n_bar = n_bar
+
+
+def _geglu_unit(d: int, seed: int) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    unit = nn.Module()
+    for name in ("up_value", "up_gate", "down"):
+        lin = nn.Linear(d, d).double()
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(d, d, generator=g, dtype=torch.float64) / math.sqrt(d))
+            lin.bias.zero_()
+        setattr(unit, name, lin)
+    return unit
+
+
+def build(spec: CircuitSpec, n_calib: int = 64) -> BuiltCircuit:
+    """The integer program of one attention circuit, calibrated on random inputs in [-1, 1]."""
+    T, d = spec.seq_len, spec.d
+    gen = torch.Generator().manual_seed(spec.seed)
+    x = torch.rand(n_calib, T, 3 * d, generator=gen, dtype=torch.float64) * 2 - 1
+    config = QuantConfig(n_bits=spec.n_bits, lut_bits=spec.lut_bits)
+    low = Lowering(config)
+    grid = Quantizer(1.0 / (2 ** (spec.n_bits - 1) - 1), 0, spec.n_bits, True)
+    low.quantizers["input"] = grid  # fixed grid, not fitted
+    inp, _ = low.input(x)
+
+    def head(lo: int, label: str) -> QValue:  # (T, d) -> (1, T, d)
+        part = low.slice_last(inp, lo * d, (lo + 1) * d, f"c.{label}")
+        return low.reshape(part, (1, T, d), f"c.{label}.h")
+
+    q, k, v = head(0, "q"), head(1, "k"), head(2, "v")
+    low.quantizers["c.v.out"] = grid
+    variant = spec.variant
+    unit = None
+    if variant in (Variant.INHIBITOR, Variant.SIGNED_INHIBITOR):
+        params = _InhibitorParams(d, spec.alpha, variant is Variant.SIGNED_INHIBITOR)
+        out = lower_inhibitor(low, params, q, k, v, "c.attn")
+    elif variant is Variant.DOT_PRODUCT:
+        out = lower_normalized(low, q, k, v, "c.attn", exp_scores())
+    elif variant is Variant.POWER_SOFTMAX:
+        out = lower_normalized(low, q, k, v, "c.attn", power_scores(4), eps=1e-3, length_agnostic=True)
+    elif variant is Variant.DCT:
+        out = lower_dct(low, _DctParams(max(1, T // 2)), q, k, v, "c.attn")
+    else:
+        unit = _geglu_unit(d, spec.seed)
+        out = lower_geglu(low, unit, low.reshape(v, (T, d), "c.v.flat"), "c.geglu")
+    if out.shape != (T, d):
+        out = low.reshape(out, (T, d), "c.out")
+    low.graph.set_output(out.node)
+    calib_ints = grid.quantize_np(x.numpy())
+    low.graph.calibrate(calib_ints)
+    return BuiltCircuit(spec, low.graph, calib_ints, out.scale, _reference(spec, grid, unit))
+
+
+def _reference(spec: CircuitSpec, grid: Quantizer, unit: nn.Module | None) -> Callable[[np.ndarray], np.ndarray]:
+    """The float attention (models.attention.functional) on the dequantized input, for error reports."""
+    from models.attention import functional as AF
+
+    d = spec.d
+
+    def ref(x_int: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(np.asarray(x_int, dtype=np.float64) * grid.scale)
+        q, k, v = x[..., :d], x[..., d : 2 * d], x[..., 2 * d :]
+        with torch.no_grad():
+            if spec.variant in (Variant.INHIBITOR, Variant.SIGNED_INHIBITOR):
+                out = AF.inhibitor(q, k, v, math.sqrt(d), spec.alpha, spec.variant is Variant.SIGNED_INHIBITOR)
+            elif spec.variant is Variant.DOT_PRODUCT:
+                out = AF.dot_product(q, k, v)
+            elif spec.variant is Variant.POWER_SOFTMAX:
+                s = q @ k.transpose(-2, -1) / math.sqrt(d)
+                out = AF.power_softmax(s, 4, 1e-3, length_agnostic=True) @ v
+            elif spec.variant is Variant.DCT:
+                out = AF.dct_attention(q, k, v, max(1, spec.seq_len // 2))
+            else:
+                out = unit.down(unit.up_value(v) * torch.nn.functional.gelu(unit.up_gate(v)))
+        return out.numpy()
+
+    return ref

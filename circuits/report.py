@@ -1,0 +1,88 @@
+"""Tables and plots of circuit sweeps: Markdown, JSON and a PNG of cost against sequence length."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from circuits.sweep import CircuitReport
+
+
+def _fmt(v, spec=".2f") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def markdown(reports: list[CircuitReport], command: str) -> str:
+    lines = ["# TFHE attention circuits per sequence length (Inhibitor paper, Tables 2 and 4)", "",
+             f"Command: `{command}`", "",
+             "Single head, Q|K|V encrypted at n_bits, Concrete's default p_error settings. Run time is the "
+             "median over repeats of one encrypted execution; `exact` says every encrypted output equalled "
+             "the clear integer program.", "",
+             "| variant | T | d | n_bits | PBS | max bits | lwe dim | glwe dim | poly size | pbs base log | "
+             "pbs level | ks base log | ks level | eval keys (MiB) | compile (s) | keygen (s) | run (s) | exact |",
+             "|" + "---|" * 18]
+    for r in reports:
+        p = r.params
+        lines.append(
+            f"| {r.variant} | {r.seq_len} | {r.d} | {r.n_bits} | {r.pbs_count} | {r.max_bit_width} | "
+            f"{p.get('lwe_dimension', '—')} | {p.get('glwe_dimension', '—')} | {p.get('polynomial_size', '—')} | "
+            f"{p.get('pbs_base_log', '—')} | {p.get('pbs_level', '—')} | {p.get('ks_base_log', '—')} | "
+            f"{p.get('ks_level', '—')} | {r.key_sizes_bytes['evaluation'] / 2**20:.0f} | {r.compile_s:.1f} | "
+            f"{_fmt(r.keygen_s, '.1f')} | {_fmt(r.run_median_s, '.3f')} | {r.exact} |")
+    return "\n".join(lines) + "\n"
+
+
+def ratios(reports: list[CircuitReport], base: str = "dot-product", other: str = "inhibitor") -> list[dict]:
+    """Per T: base/other ratios of PBS and encrypted run time, measured in the same sweep."""
+    out = []
+    for t in sorted({r.seq_len for r in reports}):
+        b = next((r for r in reports if r.seq_len == t and r.variant == base), None)
+        o = next((r for r in reports if r.seq_len == t and r.variant == other), None)
+        if b is None or o is None:
+            continue
+        row = {"seq_len": t, "pbs_ratio": b.pbs_count / o.pbs_count, "bits": (b.max_bit_width, o.max_bit_width)}
+        if b.run_median_s and o.run_median_s:
+            row["speedup"] = b.run_median_s / o.run_median_s
+        out.append(row)
+    return out
+
+
+def write(reports: list[CircuitReport], out_dir: Path, stem: str, command: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = markdown(reports, command)
+    rat = ratios(reports)
+    if rat:
+        md += ("\n## Dot-product / Inhibitor, same run\n\n"
+               "| T | PBS ratio | max bits (dot, inh) | speed-up |\n|---|---|---|---|\n")
+        md += "".join(f"| {r['seq_len']} | {r['pbs_ratio']:.2f} | {r['bits'][0]}, {r['bits'][1]} | "
+                      f"{_fmt(r.get('speedup'))} |\n" for r in rat)
+        md += "\nPaper (d = 2): speed-ups 3.6×, 2.6×, 4.5×, 6.5× at T = 2, 4, 8, 16.\n"
+    paths = {"md": out_dir / f"{stem}.md", "json": out_dir / f"{stem}.json", "png": out_dir / f"{stem}.png"}
+    paths["md"].write_text(md)
+    paths["json"].write_text(json.dumps({"reports": [r.to_dict() for r in reports], "ratios": rat}, indent=2))
+    plot(reports, paths["png"])
+    return paths
+
+
+def plot(reports: list[CircuitReport], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for variant in sorted({r.variant for r in reports}):
+        rs = sorted((r for r in reports if r.variant == variant), key=lambda r: r.seq_len)
+        ts = [r.seq_len for r in rs]
+        axes[0].plot(ts, [r.pbs_count for r in rs], marker="o", label=variant)
+        if all(r.run_median_s for r in rs):
+            axes[1].plot(ts, [r.run_median_s for r in rs], marker="o", label=variant)
+    axes[0].set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="PBS count", title="PBS")
+    axes[1].set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="seconds",
+                title="encrypted run (median)")
+    for ax in axes:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
