@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import click
+import numpy as np
 
 from models.config import Activation, AttentionKind, NormKind
 
@@ -193,6 +194,215 @@ def evaluate(model_path, data_dir) -> None:
 
     ckpt, data = load_model_and_task(model_path, data_dir)
     click.echo(f"{ckpt.task['name']}: test {data.metric.value} = {run_eval(ckpt.model, data):.4f}")
+
+
+# ------------------------------------------------------------------------------------------------
+# FHE: compile, run, compare, report
+# ------------------------------------------------------------------------------------------------
+SCHEMES = ["tfhe", "ckks"]
+
+
+def _require_tfhe(scheme: str) -> None:
+    if scheme == "ckks":
+        raise click.ClickException("the CKKS backend (TenSEAL) is not implemented yet (issue 5); use --scheme tfhe")
+
+
+def _tfhe_params(n_bits, rounding_bits, p_error, global_p_error, inputset):
+    from fhe.schemes import TfheParams
+
+    try:
+        return TfheParams(n_bits=n_bits, rounding_bits=rounding_bits, p_error=p_error, global_p_error=global_p_error,
+                          inputset_size=inputset)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits, p_error, global_p_error, n_calib, inputset,
+             simulate_only=False):
+    from fhe.harness import compile_model
+    from quant import BitWidthError, ExportError, QuantConfig
+
+    ckpt, data = load_model_and_task(model_path, data_dir)
+    params = _tfhe_params(n_bits, rounding_bits, p_error, global_p_error, inputset)
+    try:
+        qconfig = QuantConfig(n_bits=n_bits, rounding_bits=rounding_bits, lut_bits=lut_bits)
+        compiled = compile_model(ckpt.model, data.x_train[:n_calib], params, qconfig, simulate_only=simulate_only,
+                                 meta={"model_path": str(model_path), "task": ckpt.task["name"]})
+    except (ExportError, BitWidthError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    return ckpt, data, compiled
+
+
+def fhe_options(fn):
+    opts = [
+        click.option("--scheme", type=click.Choice(SCHEMES), default="tfhe", show_default=True),
+        click.option("--n-bits", type=int, default=4, show_default=True, help="Activation/weight bits."),
+        click.option("--rounding-bits", type=int, default=0, show_default=True,
+                     help="LSBs every table lookup rounds away first."),
+        click.option("--lut-bits", type=int, default=7, show_default=True,
+                     help="Round each lookup's input down to at most this many bits (0: off)."),
+        click.option("--p-error", type=float, default=None, help="Per-PBS error probability."),
+        click.option("--global-p-error", type=float, default=1e-5, show_default=True),
+        click.option("--calib", "n_calib", type=int, default=500, show_default=True),
+        click.option("--inputset", type=int, default=50, show_default=True,
+                     help="Calibration samples Concrete evaluates when compiling."),
+        click.option("--data-dir", type=click.Path(path_type=Path), default=None),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def print_report(rep: dict) -> None:
+    rows = [("scheme", rep["scheme"]), ("seq_len", rep["seq_len"]), ("n_bits", rep["n_bits"]),
+            ("PBS", rep["pbs_count"]), ("max bit width", rep["max_bit_width"])]
+    rows += [(f"params.{k}", v) for k, v in rep["params"].items()]
+    rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
+    rows += [(f"time.{k} (s)", "—" if v is None else f"{v:.3f}") for k, v in rep["timings_s"].items()]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"  {k:<{width}}  {v}")
+    click.echo("  PBS per tag: " + ", ".join(f"{t} {n}" for t, n in sorted(rep["pbs_per_tag"].items())
+                                           if "." not in t or t.count(".") >= 2))
+
+
+@main.command(name="compile")
+@click.argument("model_path", type=click.Path(path_type=Path))
+@fhe_options
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None, help="Write the report.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Write client/ (with secret keys) and server/ (circuit + evaluation keys only) artifacts.")
+@click.option("--no-run", is_flag=True, help="Skip keygen and the timing run of one encrypted sample.")
+def compile_cmd(model_path, scheme, n_bits, rounding_bits, lut_bits, p_error, global_p_error, n_calib, inputset,
+                data_dir, json_path, out_dir, no_run) -> None:
+    """Compile MODEL_PATH into an encrypted program and print its cost report."""
+    _require_tfhe(scheme)
+    click.echo(f"compiling {model_path} for TFHE at {n_bits} bits ...")
+    _, data, compiled = _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits or None, p_error,
+                                 global_p_error, n_calib, inputset)
+    if not no_run:
+        click.echo("generating keys and running one encrypted test sample ...")
+        compiled.keygen()
+        x = data.x_test[:1]
+        got = compiled.backend.encrypt_run_decrypt(compiled.program.quantize_input(x)[0])
+        want, _ = compiled.program.run_int(compiled.program.quantize_input(x), "clip")
+        click.echo(f"encrypted output equals the clear integer program: {bool(np.array_equal(got, want[0]))}")
+    rep = compiled.report()
+    print_report(rep)
+    if json_path:
+        json_path.write_text(json.dumps(rep, indent=2))
+    if out_dir:
+        if no_run:
+            compiled.keygen()
+        paths = compiled.save(out_dir, include_secret_key=True)
+        click.echo(f"server artifact (no secret key): {paths['server']}; client artifact: {paths['client']}")
+
+
+@main.command(name="run")
+@click.argument("artifact_dir", type=click.Path(path_type=Path))
+@click.option("--sample", type=int, default=0, show_default=True, help="Index into the task's test split.")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+def run_cmd(artifact_dir, sample, data_dir) -> None:
+    """Encrypt a test sample with the client artifact, run it on the server artifact, decrypt."""
+    import time
+
+    from fhe.backends.tfhe import TfheClient, TfheServer
+    from models.tasks import load_task
+
+    try:
+        client, server = TfheClient(artifact_dir / "client"), TfheServer(artifact_dir / "server")
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    meta = client.meta
+    data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"])
+    x = data.x_test[sample].numpy().astype(np.float64)
+    scale, zp = meta["input_scale"], meta["input_zero_point"]
+    x_int = np.clip(np.round(x / scale) + zp, meta["input_qmin"], meta["input_qmax"]).astype(np.int64)
+    start = time.perf_counter()
+    out = client.decrypt(server.run(client.encrypt(x_int))) * np.asarray(meta["output_scale"])
+    click.echo(f"sample {sample}: label {int(data.y_test[sample])}, encrypted prediction {int(out.argmax())} "
+               f"({time.perf_counter() - start:.1f} s); logits {np.round(out, 3).tolist()}")
+
+
+@main.command()
+@click.argument("model_path", type=click.Path(path_type=Path))
+@fhe_options
+@click.option("--n", "n_samples", type=int, default=20, show_default=True, help="Test samples.")
+@click.option("--mode", type=click.Choice(["simulate", "execute"]), default="simulate", show_default=True)
+@click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
+def compare(model_path, scheme, n_bits, rounding_bits, lut_bits, p_error, global_p_error, n_calib, inputset, data_dir,
+            n_samples, mode, json_path) -> None:
+    """Float vs clear-integer vs simulated/encrypted accuracy and agreement on N test samples."""
+    import time
+
+    from tqdm import tqdm
+
+    from models.training import predict
+
+    _require_tfhe(scheme)
+    _, data, compiled = _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits or None, p_error,
+                                 global_p_error, n_calib, inputset, simulate_only=mode == "simulate")
+    if mode == "execute":
+        click.echo("generating keys ...")
+        compiled.keygen()
+    x, y = data.x_test[:n_samples], data.y_test[:n_samples].numpy()
+    flt = predict(compiled.program.model, x).numpy()
+    x_int = compiled.program.quantize_input(x)
+    clear, _ = compiled.program.run_int(x_int, "clip")
+    fhe_out, latencies = [], []
+    for xi in tqdm(x_int, desc=mode, unit="sample"):
+        start = time.perf_counter()
+        backend = compiled.backend
+        fhe_out.append(backend.simulate(xi) if mode == "simulate" else backend.encrypt_run_decrypt(xi))
+        latencies.append(time.perf_counter() - start)
+    fhe_out = np.stack(fhe_out)
+    pred = {"float": flt.argmax(-1), "clear": clear.argmax(-1), mode: fhe_out.argmax(-1)}
+    result = {
+        "n": int(len(y)), "mode": mode, "n_bits": n_bits,
+        "accuracy": {k: float((v == y).mean()) for k, v in pred.items()},
+        "agreement": {f"{mode}_vs_clear": float((pred[mode] == pred["clear"]).mean()),
+                      f"{mode}_vs_float": float((pred[mode] == pred["float"]).mean()),
+                      "clear_vs_float": float((pred["clear"] == pred["float"]).mean())},
+        "exact_integer_match": float((fhe_out == clear).all(axis=-1).mean()),
+        "latency_s": {"median": float(np.median(latencies)), "mean": float(np.mean(latencies))},
+        "pbs_count": compiled.report()["pbs_count"],
+    }
+    for k, v in result.items():
+        click.echo(f"{k:>20}: {v}")
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2))
+
+
+@main.command()
+@click.option("--seq-lens", default="2,4,8,16", show_default=True)
+@click.option("--d", type=int, default=2, show_default=True, help="Head dimension.")
+@click.option("--n-bits", type=int, default=6, show_default=True)
+@click.option("--lut-bits", type=int, default=0, show_default=True, help="Round lookup inputs to N bits (0: off).")
+@click.option("--variants", default="inhibitor,dot-product", show_default=True,
+              help="Comma list of inhibitor, signed-inhibitor, dot-product, power-softmax, dct, geglu.")
+@click.option("--mode", type=click.Choice(["simulate", "execute"]), default="execute", show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True, help="Encrypted runs per circuit (median).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("benchmarks/results"),
+              show_default=True)
+@click.option("--stem", default="tfhe_attention", show_default=True)
+def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem) -> None:
+    """Sweep single-head attention circuits over sequence lengths: PBS, bit widths, crypto parameters,
+    keygen and encrypted run time (Markdown, JSON and a PNG plot)."""
+    import sys
+
+    from circuits.report import write
+    from circuits.sweep import sweep
+
+    try:
+        lens = [int(t) for t in seq_lens.split(",")]
+        names = variants.split(",")
+        reports = sweep(names, lens, d, n_bits, lut_bits or None, execute=mode == "execute", repeats=repeats,
+                        progress=lambda spec: click.echo(f"  {spec.name} ...", err=True))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    paths = write(reports, out_dir, stem, "fhe " + " ".join(sys.argv[1:]))
+    click.echo(paths["md"].read_text())
+    click.echo(f"wrote {paths['md']}, {paths['json']}, {paths['png']}")
 
 
 if __name__ == "__main__":  # pragma: no cover

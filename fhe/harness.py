@@ -1,0 +1,93 @@
+"""The shared encrypt/run/decrypt harness: float in, float out, whatever the scheme.
+
+``compile_model`` quantizes a trained model (quant.export) and hands the integer program to the
+backend registered for the parameter type. A :class:`CompiledModel` speaks the same vocabulary on
+every backend: ``keygen``, ``encrypt``, ``run``, ``decrypt``, ``encrypt_run_decrypt``, ``simulate``,
+``report`` and ``save`` (the secret key only on explicit request).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fhe.backends import backend_for
+from fhe.schemes import Scheme, TfheParams
+from models.transformer import Transformer
+from quant import QuantConfig, QuantizedProgram, export
+
+
+class Backend(Protocol):
+    """What every backend implements (the TFHE one today; CKKS follows the same interface)."""
+
+    scheme: Scheme
+    timings_s: dict[str, float]
+
+    def keygen(self, force: bool = False) -> None: ...
+    def encrypt(self, x_int: np.ndarray): ...
+    def run(self, ct): ...
+    def decrypt(self, ct) -> np.ndarray: ...
+    def encrypt_run_decrypt(self, x_int: np.ndarray) -> np.ndarray: ...
+    def simulate(self, x_int: np.ndarray) -> np.ndarray: ...
+    def report(self) -> dict: ...
+    def save(self, directory, include_secret_key: bool = False) -> dict: ...
+
+
+@dataclass
+class CompiledModel:
+    program: QuantizedProgram
+    backend: Backend
+
+    # float <-> integer at the client boundary
+    def encrypt(self, x: np.ndarray | torch.Tensor):
+        return self.backend.encrypt(self.program.quantize_input(x))
+
+    def run(self, ct):
+        return self.backend.run(ct)
+
+    def decrypt(self, ct) -> np.ndarray:
+        return self.program.dequantize_output(self.backend.decrypt(ct))
+
+    def keygen(self, force: bool = False) -> None:
+        self.backend.keygen(force=force)
+
+    def encrypt_run_decrypt(self, x) -> np.ndarray:
+        return self.decrypt(self.run(self.encrypt(x)))
+
+    def simulate(self, x) -> np.ndarray:
+        return self.program.dequantize_output(self.backend.simulate(self.program.quantize_input(x)))
+
+    def clear(self, x) -> np.ndarray:
+        """The clear integer program (the exact reference of every encrypted run)."""
+        return self.program.forward(x, policy="clip")
+
+    def report(self) -> dict:
+        return self.backend.report()
+
+    def save(self, directory, include_secret_key: bool = False) -> dict:
+        return self.backend.save(directory, include_secret_key=include_secret_key)
+
+
+def quant_config_for(params: TfheParams, base: QuantConfig | None = None) -> QuantConfig:
+    base = base or QuantConfig()
+    return base.replace(n_bits=params.n_bits, rounding_bits=params.rounding_bits)
+
+
+def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams,
+                  quant_config: QuantConfig | None = None, simulate_only: bool = False,
+                  meta: dict | None = None) -> CompiledModel:
+    """Quantize ``model`` on ``calib_x`` and compile it for the scheme of ``params``."""
+    qconfig = quant_config or quant_config_for(params)
+    program = export(model, calib_x, qconfig)
+    backend_cls = backend_for(params)
+    calib_ints = program.quantize_input(calib_x)
+    meta = {"seq_len": model.config.seq_len, "model_config": model.config.to_dict(),
+            "input_scale": program.input_quantizer.scale, "input_zero_point": program.input_quantizer.zero_point,
+            "input_qmin": program.input_quantizer.qmin, "input_qmax": program.input_quantizer.qmax,
+            "output_scale": np.asarray(program.output_scale).tolist(),
+            **(meta or {})}
+    backend = backend_cls.compile(program.graph, calib_ints, params, meta=meta, simulate_only=simulate_only)
+    return CompiledModel(program, backend)

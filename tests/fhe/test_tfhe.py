@@ -1,0 +1,108 @@
+"""TFHE backend: the Concrete circuit against the clear integer program (simulated and encrypted),
+reports, and the client/server split."""
+
+import numpy as np
+import pytest
+
+from circuits.attention import CircuitSpec, Variant, build
+from fhe.backends.tfhe import TfheBackend, TfheClient, TfheServer
+from fhe.schemes import TfheParams
+from quant.ir import Graph
+
+REPORT_KEYS = {"scheme", "pbs_count", "pbs_per_tag", "max_bit_width", "bit_width_per_tag", "params",
+               "key_sizes_bytes", "timings_s", "seq_len", "n_bits"}
+PARAM_KEYS = {"lwe_dimension", "glwe_dimension", "polynomial_size", "pbs_base_log", "pbs_level", "ks_base_log",
+              "ks_level"}
+
+
+def compile_circuit(variant, T=2, n_bits=3, simulate_only=True, lut_bits=None):
+    built = build(CircuitSpec(variant, T, d=2, n_bits=n_bits, lut_bits=lut_bits))
+    backend = TfheBackend.compile(built.graph, built.calib_ints, TfheParams(n_bits=n_bits, inputset_size=64),
+                                  meta={"seq_len": T}, simulate_only=simulate_only)
+    return built, backend
+
+
+@pytest.mark.parametrize("variant", list(Variant), ids=lambda v: v.value)
+def test_simulated_circuit_equals_clear_integer_program(variant):
+    built, backend = compile_circuit(variant, lut_bits=5)
+    xs = built.calib_ints[:8]
+    clear, _ = built.graph.run(xs)
+    sims = np.stack([backend.simulate(x) for x in xs])
+    np.testing.assert_array_equal(sims, clear)
+    rep = backend.report()
+    assert REPORT_KEYS <= rep.keys() and PARAM_KEYS <= rep["params"].keys()
+    assert rep["pbs_count"] > 0 and rep["seq_len"] == 2
+    assert any(tag.endswith("scores") or tag.endswith("geglu") or tag.endswith("softmax")
+               for tag in rep["pbs_per_tag"])
+
+
+def test_mixed_sign_products_are_exact():
+    """Regression for concrete-python 2.11: unsigned × signed products came out wrong."""
+    g = Graph()
+    g.add("x", "input", shape=(2, 4))
+    g.add("u", "lut", ("x",), fn=lambda t: np.abs(t) * 2, shape=(2, 4))  # unsigned
+    g.add("mul", "mul", ("u", "x"), shape=(2, 4))
+    g.add("ut", "transpose", ("u",), axes=(1, 0))
+    g.add("mm", "matmul", ("x", "ut"), shape=(2, 2), inner=4)
+    g.add("out", "add", ("mm", "mm"))
+    g.set_output("out")
+    rng = np.random.default_rng(0)
+    xs = rng.integers(-15, 16, (40, 2, 4))
+    g.calibrate(xs)
+    backend = TfheBackend.compile(g, xs, TfheParams(inputset_size=40), simulate_only=True)
+    for x in xs[:10]:
+        np.testing.assert_array_equal(backend.simulate(x), g.run(x[None])[0][0])
+
+
+def test_inhibitor_uses_about_half_the_pbs_of_dot_product():
+    _, inh = compile_circuit(Variant.INHIBITOR, T=4)
+    _, dot = compile_circuit(Variant.DOT_PRODUCT, T=4)
+    assert inh.report()["pbs_count"] * 1.8 < dot.report()["pbs_count"]
+
+
+@pytest.fixture(scope="module")
+def keyed_inhibitor():
+    built, backend = compile_circuit(Variant.INHIBITOR, T=2, n_bits=3, simulate_only=False)
+    backend.keygen()
+    return built, backend
+
+
+def test_encrypted_inhibitor_equals_clear_program(keyed_inhibitor):
+    built, backend = keyed_inhibitor
+    xs = built.calib_ints[:3]
+    clear, _ = built.graph.run(xs)
+    for x, want in zip(xs, clear, strict=True):
+        np.testing.assert_array_equal(backend.encrypt_run_decrypt(x), want)
+    timings = backend.report()["timings_s"]
+    assert all(timings[k] is not None and timings[k] > 0 for k in ("compile", "keygen", "encrypt", "run", "decrypt"))
+
+
+def _secret_key_windows(backend) -> list[bytes]:
+    keyset = backend.circuit.keys._keyset  # concrete's Keyset: the only handle on raw secret keys
+    windows = []
+    for sk in keyset.get_client_keys().get_secret_keys():
+        raw = sk.serialize()
+        mid = len(raw) // 2
+        windows.append(raw[mid : mid + 256])
+    return windows
+
+
+def test_server_artifact_holds_no_secret_key_and_serves_the_client(keyed_inhibitor, tmp_path):
+    built, backend = keyed_inhibitor
+    paths = backend.save(tmp_path / "public")
+    server_files = sorted(p.name for p in paths["server"].iterdir())
+    assert server_files == ["evaluation_keys.bin", "meta.json", "server.zip"]
+    assert not (paths["client"] / "keys.bin").exists()  # secret keys only on explicit request
+    windows = _secret_key_windows(backend)
+    assert windows and all(len(w) == 256 for w in windows)
+    for f in paths["server"].iterdir():
+        blob = f.read_bytes()
+        assert not any(w in blob for w in windows), f"secret key material found in {f.name}"
+    # the same check can fail: the client artifact saved with its keys does contain them
+    with_keys = backend.save(tmp_path / "private", include_secret_key=True)
+    assert any(w in (with_keys["client"] / "keys.bin").read_bytes() for w in windows)
+    # the client encrypts, the server computes with evaluation keys only, the client decrypts
+    client, server = TfheClient(with_keys["client"]), TfheServer(paths["server"])
+    x = built.calib_ints[5]
+    want, _ = built.graph.run(x[None])
+    np.testing.assert_array_equal(client.decrypt(server.run(client.encrypt(x))), want[0])
