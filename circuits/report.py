@@ -23,6 +23,9 @@ def markdown(reports: list[CircuitReport], command: str) -> str:
              "|" + "---|" * 18]
     for r in reports:
         p = r.params
+        if r.error:
+            lines.append(f"| {r.variant} | {r.seq_len} | {r.d} | {r.n_bits} | failed: {r.error} |" + " |" * 13)
+            continue
         lines.append(
             f"| {r.variant} | {r.seq_len} | {r.d} | {r.n_bits} | {r.pbs_count} | {r.max_bit_width} | "
             f"{p.get('lwe_dimension', '—')} | {p.get('glwe_dimension', '—')} | {p.get('polynomial_size', '—')} | "
@@ -38,7 +41,7 @@ def ratios(reports: list[CircuitReport], base: str = "dot-product", other: str =
     for t in sorted({r.seq_len for r in reports}):
         b = next((r for r in reports if r.seq_len == t and r.variant == base), None)
         o = next((r for r in reports if r.seq_len == t and r.variant == other), None)
-        if b is None or o is None:
+        if b is None or o is None or b.error or o.error:
             continue
         row = {"seq_len": t, "pbs_ratio": b.pbs_count / o.pbs_count, "bits": (b.max_bit_width, o.max_bit_width)}
         if b.run_median_s and o.run_median_s:
@@ -72,7 +75,7 @@ def plot(reports: list[CircuitReport], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for variant in sorted({r.variant for r in reports}):
-        rs = sorted((r for r in reports if r.variant == variant), key=lambda r: r.seq_len)
+        rs = sorted((r for r in reports if r.variant == variant and not r.error), key=lambda r: r.seq_len)
         ts = [r.seq_len for r in rs]
         axes[0].plot(ts, [r.pbs_count for r in rs], marker="o", label=variant)
         if all(r.run_median_s for r in rs):

@@ -34,6 +34,7 @@ class CircuitReport:
     exact: bool | None = None  # encrypted output == clear integer program on every tested input
     max_abs_error_vs_float: float | None = None
     peak_rss_mib: float | None = None
+    error: str | None = None  # why Concrete could not compile or run it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,6 +73,11 @@ def measure(spec: CircuitSpec, execute: bool = True, repeats: int = 3,
     return out
 
 
+def failed(spec: CircuitSpec, error: str) -> CircuitReport:
+    return CircuitReport(spec.variant.value, spec.seq_len, spec.d, spec.n_bits, spec.lut_bits, 0, {}, 0, {}, {},
+                         {"evaluation": 0}, 0.0, error=error)
+
+
 def sweep(variants: list[str], seq_lens: list[int], d: int = 2, n_bits: int = 6, lut_bits: int | None = None,
           execute: bool = True, repeats: int = 3, progress=None) -> list[CircuitReport]:
     jobs = [CircuitSpec(Variant(v), t, d, n_bits, lut_bits) for t in seq_lens for v in variants]
@@ -80,6 +86,9 @@ def sweep(variants: list[str], seq_lens: list[int], d: int = 2, n_bits: int = 6,
         if progress:
             progress(spec)
         start = time.perf_counter()
-        reports.append(measure(spec, execute, repeats))
+        try:
+            reports.append(measure(spec, execute, repeats))
+        except RuntimeError as exc:  # Concrete's NoParametersFound and friends: report, go on
+            reports.append(failed(spec, f"{type(exc).__name__}: {exc}"))
         reports[-1].params["wall_s"] = time.perf_counter() - start
     return reports
