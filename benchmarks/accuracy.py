@@ -124,12 +124,17 @@ def main() -> None:
             data_cache = {task: load_task(task)}
         runs.append(run_one(task, kind, seed, data_cache[task], args.epochs_scale))
         cache_path.write_text(json.dumps(runs, indent=1))
+        publish(runs, tasks, kinds, args)  # the table is current after every run (interruptible)
+    print(publish(runs, tasks, kinds, args))
+
+
+def publish(runs: list[dict], tasks: list[str], kinds: list[str], args) -> str:
     selected = [r for r in runs if r["task"] in tasks and r["kind"] in kinds and r["seed"] < args.seeds
                 and r["epochs"] == max(1, round(PRESETS[r["task"]].epochs * args.epochs_scale))]
     command = "python benchmarks/accuracy.py " + " ".join(sys.argv[1:])
     table = write_table(selected, tasks, kinds, command)
     (RESULTS / "accuracy.md").write_text(table)
-    print(table)
+    return table
 
 
 if __name__ == "__main__":

@@ -17,21 +17,23 @@ def markdown(reports: list[CircuitReport], command: str) -> str:
              f"Command: `{command}`", "",
              "Single head, Q|K|V encrypted at n_bits, Concrete's default p_error settings. Run time is the "
              "median over repeats of one encrypted execution; `exact` says every encrypted output equalled "
-             "the clear integer program.", "",
+             "the clear integer program. Peak RSS is the sweep process's high-water mark after that circuit "
+             "(circuits run in order of T, so it bounds compile + keygen + runs of the row's circuit).", "",
              "| variant | T | d | n_bits | PBS | max bits | lwe dim | glwe dim | poly size | pbs base log | "
-             "pbs level | ks base log | ks level | eval keys (MiB) | compile (s) | keygen (s) | run (s) | exact |",
-             "|" + "---|" * 18]
+             "pbs level | ks base log | ks level | eval keys (MiB) | compile (s) | keygen (s) | run (s) | exact | "
+             "peak RSS (MiB) |",
+             "|" + "---|" * 19]
     for r in reports:
         p = r.params
         if r.error:
-            lines.append(f"| {r.variant} | {r.seq_len} | {r.d} | {r.n_bits} | failed: {r.error} |" + " |" * 13)
+            lines.append(f"| {r.variant} | {r.seq_len} | {r.d} | {r.n_bits} | failed: {r.error} |" + " |" * 14)
             continue
         lines.append(
             f"| {r.variant} | {r.seq_len} | {r.d} | {r.n_bits} | {r.pbs_count} | {r.max_bit_width} | "
             f"{p.get('lwe_dimension', '—')} | {p.get('glwe_dimension', '—')} | {p.get('polynomial_size', '—')} | "
             f"{p.get('pbs_base_log', '—')} | {p.get('pbs_level', '—')} | {p.get('ks_base_log', '—')} | "
             f"{p.get('ks_level', '—')} | {r.key_sizes_bytes['evaluation'] / 2**20:.0f} | {r.compile_s:.1f} | "
-            f"{_fmt(r.keygen_s, '.1f')} | {_fmt(r.run_median_s, '.3f')} | {r.exact} |")
+            f"{_fmt(r.keygen_s, '.1f')} | {_fmt(r.run_median_s, '.3f')} | {r.exact} | {_fmt(r.peak_rss_mib, '.0f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -89,3 +91,8 @@ def plot(reports: list[CircuitReport], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def load(path: Path) -> list[CircuitReport]:
+    """Reports back from a sweep's JSON (to re-render tables and plots)."""
+    return [CircuitReport(**r) for r in json.loads(Path(path).read_text())["reports"]]

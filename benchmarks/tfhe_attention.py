@@ -1,0 +1,19 @@
+"""The Inhibitor paper's TFHE study (Tables 2 and 4) at our scale: single-head attention circuits over
+sequence lengths, compiled, keyed and run encrypted, with ratios measured in the same run.
+
+A thin wrapper over ``fhe report`` (circuits/sweep.py), kept here so every benchmark lives in one place.
+
+    python benchmarks/tfhe_attention.py --seq-lens 2,4,8,16 --d 2 --n-bits 4 --lut-bits 7
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fhe.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    main(["report", *sys.argv[1:]])

@@ -1,0 +1,54 @@
+"""`fhe quantize`, `fhe compile` and `fhe compare` on a tiny trained digits model."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from fhe.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("m") / "tiny.pt"
+    res = CliRunner().invoke(main, ["train", "--task", "digits", "--attention", "inhibitor", "--norm", "none",
+                                    "--d-model", "4", "--heads", "1", "--epochs", "10", "--quiet", "-o", str(path)])
+    assert res.exit_code == 0, res.output
+    return path
+
+
+def test_quantize_reports_widths_and_accuracy(tiny_model, tmp_path):
+    out = tmp_path / "q.json"
+    res = CliRunner().invoke(main, ["quantize", str(tiny_model), "--n-bits", "4", "--json", str(out), "--nodes"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(out.read_text())
+    assert info["fits_tfhe"] and info["max_lut_input_bits"] <= 16 and 0 <= info["int_accuracy"] <= 1
+    assert "| node | op | tag |" in res.output
+
+
+def test_compile_report_and_simulated_comparison(tiny_model, tmp_path):
+    rep_path = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["compile", str(tiny_model), "--n-bits", "3", "--lut-bits", "5", "--no-run",
+                                    "--json", str(rep_path), "--inputset", "20"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(rep_path.read_text())
+    assert rep["scheme"] == "tfhe" and rep["seq_len"] == 8 and rep["n_bits"] == 3 and rep["pbs_count"] > 0
+    assert rep["pbs_count"] == rep["pbs_estimate_ir"]  # our cost model counts what Concrete counts
+    cmp_path = tmp_path / "c.json"
+    res = CliRunner().invoke(main, ["compare", str(tiny_model), "--n-bits", "3", "--lut-bits", "5", "--mode",
+                                    "simulate", "--n", "30", "--inputset", "20", "--json", str(cmp_path)])
+    assert res.exit_code == 0, res.output
+    cmp = json.loads(cmp_path.read_text())
+    assert cmp["exact_integer_match"] == 1.0  # simulation equals the clear integer program
+    assert cmp["agreement"]["simulate_vs_clear"] == 1.0
+
+
+def test_fhe_commands_fail_clearly(tiny_model, tmp_path):
+    res = CliRunner().invoke(main, ["compile", str(tiny_model), "--scheme", "ckks"])
+    assert res.exit_code == 1 and "CKKS backend" in res.output
+    ln = tmp_path / "ln.pt"
+    CliRunner().invoke(main, ["train", "--d-model", "4", "--heads", "1", "--epochs", "1", "--quiet", "-o", str(ln)])
+    res = CliRunner().invoke(main, ["compile", str(ln)])
+    assert res.exit_code == 1 and "--norm none" in res.output
+    res = CliRunner().invoke(main, ["compile", str(tmp_path / "missing.pt")])
+    assert res.exit_code == 2 and "fhe train" in res.output
