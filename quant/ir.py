@@ -140,6 +140,7 @@ class Graph:
         Once calibrated, a value outside its node's bit width is handled by ``policy``; returns the
         output and the number of clipped entries per node.
         """
+        policy = OverflowPolicy(policy)  # accept the string values too
         env: dict[str, np.ndarray] = {}
         clipped: dict[str, int] = {}
         for node in self.nodes.values():
