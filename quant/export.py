@@ -57,18 +57,24 @@ class QuantizedProgram:
     # ---------------------------------------------------------------------------------- evaluation
     def run_int(self, x_int: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR):
         """The clear integer program on quantized inputs: (integer outputs, clipped counts per node)."""
-        return self.graph.run(x_int, policy)
+        x_int = np.asarray(x_int)
+        if x_int.ndim == len(self.graph.input_shape):  # one sample
+            return self.graph.run(x_int, policy)
+        return self.graph.run_batched(x_int, policy)
 
     def forward(self, x: Tensor | np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR) -> np.ndarray:
         """Float in, dequantized float out, through the integer program."""
         y, _ = self.run_int(self.quantize_input(x), policy)
         return self.dequantize_output(y)
 
-    def fake_forward(self, x: Tensor) -> np.ndarray:
+    def fake_forward(self, x: Tensor, batch_size: int = 128) -> np.ndarray:
         """The fake-quantized torch forward with the fitted quantizers (the integer program's twin)."""
-        low = Lowering(self.config, self.fitted)
-        out = lower_transformer(low, self.model, torch.as_tensor(x))
-        return out.fake.numpy()
+        x = torch.as_tensor(x)
+        outs = []
+        for i in range(0, len(x), batch_size):
+            low = Lowering(self.config, self.fitted)
+            outs.append(lower_transformer(low, self.model, x[i : i + batch_size]).fake.numpy())
+        return np.concatenate(outs)
 
 
 def export(model: Transformer, calib_x: Tensor, config: QuantConfig | None = None) -> QuantizedProgram:

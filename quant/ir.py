@@ -169,21 +169,38 @@ class Graph:
         clipped[node.name] = clipped.get(node.name, 0) + n_bad
         return np.clip(out, lo, hi)
 
-    def calibrate(self, x: np.ndarray) -> None:
-        """Sets every node's integer range from a run on calibration inputs ``x``.
+    def calibrate(self, x: np.ndarray, batch_size: int = 64) -> None:
+        """Sets every node's integer range from a run on calibration inputs ``x`` (in batches, so
+        memory stays bounded by one batch of the largest intermediate).
 
         A requantising lookup's range is widened to its quantizer's full output range, so values that
         calibration did not show but the quantizer can produce never count as overflow."""
-        record: dict[str, np.ndarray] = {}
         for node in self.nodes.values():
             node.lo = node.hi = None
-        self.run(x, record=record)
-        for name, val in record.items():
-            node = self.nodes[name]
-            lo, hi = int(val.min()), int(val.max())
-            if "out_range" in node.attrs:  # a requantising lookup can produce its whole output range
-                lo, hi = min(lo, node.attrs["out_range"][0]), max(hi, node.attrs["out_range"][1])
-            node.lo, node.hi = lo, hi
+        lo: dict[str, int] = {}
+        hi: dict[str, int] = {}
+        for i in range(0, len(x), batch_size):
+            record: dict[str, np.ndarray] = {}
+            self.run(x[i : i + batch_size], record=record)
+            for name, val in record.items():
+                lo[name] = min(lo.get(name, int(val.min())), int(val.min()))
+                hi[name] = max(hi.get(name, int(val.max())), int(val.max()))
+        for name, node in self.nodes.items():
+            if "out_range" in node.attrs:
+                out_lo, out_hi = node.attrs["out_range"]
+                lo[name], hi[name] = min(lo[name], out_lo), max(hi[name], out_hi)
+            node.lo, node.hi = lo[name], hi[name]
+
+    def run_batched(self, x: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR,
+                    batch_size: int = 128) -> tuple[np.ndarray, dict[str, int]]:
+        """:meth:`run` over batches of the leading axis, with clipped counts summed."""
+        outs, clipped = [], {}
+        for i in range(0, len(x), batch_size):
+            out, c = self.run(x[i : i + batch_size], policy)
+            outs.append(out)
+            for k, v in c.items():
+                clipped[k] = clipped.get(k, 0) + v
+        return np.concatenate(outs), clipped
 
     # ---------------------------------------------------------------------------------- reports
     def max_bit_width(self) -> int:

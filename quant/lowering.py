@@ -57,18 +57,20 @@ def _scale_t(scale: Scale) -> Tensor | float:
 class Lowering:
     """Emits graph nodes and computes fake-quantized tensors for one pass over a batch."""
 
-    def __init__(self, config: QuantConfig, fitted: Fitted | None = None) -> None:
+    def __init__(self, config: QuantConfig, fitted: Fitted | None = None, keep_values: bool = False) -> None:
         self.config = config
         self.fitting = fitted is None
         self.fitted = Fitted() if fitted is None else fitted
         self.quantizers = self.fitted.quantizers
         self.ranges: dict[str, Range] = {}  # float range of every named point on this batch
         self.graph = Graph()
-        self.values: dict[str, QValue] = {}  # node name -> its QValue on this batch (for diagnostics)
+        self.keep_values = keep_values
+        self.values: dict[str, QValue] = {}  # node name -> QValue on this batch (diagnostics; opt-in: memory)
 
     def _out(self, node: str, scale: Scale, fake: Tensor) -> QValue:
         value = QValue(node, scale, fake)
-        self.values[node] = value
+        if self.keep_values:
+            self.values[node] = value
         return value
 
     # ------------------------------------------------------------------------------ bookkeeping
