@@ -244,7 +244,7 @@ def fhe_options(fn):
         click.option("--p-error", type=float, default=None, help="Per-PBS error probability."),
         click.option("--global-p-error", type=float, default=1e-5, show_default=True),
         click.option("--calib", "n_calib", type=int, default=500, show_default=True),
-        click.option("--inputset", type=int, default=50, show_default=True,
+        click.option("--inputset", type=int, default=500, show_default=True,
                      help="Calibration samples Concrete evaluates when compiling."),
         click.option("--data-dir", type=click.Path(path_type=Path), default=None),
     ]

@@ -32,7 +32,7 @@ class TfheParams:
     global_p_error: float | None = 1e-5
     dataflow_parallelize: bool = False
     loop_parallelize: bool = True
-    inputset_size: int = 100
+    inputset_size: int = 500
 
     def __post_init__(self) -> None:
         if not 2 <= self.n_bits <= 16:

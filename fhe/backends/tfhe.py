@@ -3,12 +3,13 @@
 Every IR op maps to one numpy/concrete operation; every node runs inside ``fhe.tag(node.tag)`` so
 Concrete attributes PBS counts and bit widths per layer and attention stage. Table lookups become
 ``fhe.univariate`` on the node's integer function (preceded by ``fhe.round_bit_pattern`` when the node
-rounds), and each lookup's output carries an ``fhe.hint`` of the width its quantizer can produce, so
-values calibration did not show cannot wrap around.
+rounds), and every computed value carries an ``fhe.hint`` of the bit width calibration fixed for it
+(Concrete would otherwise size it from its smaller inputset, and unseen values could wrap around).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -22,7 +23,7 @@ from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
 from quant.ir import Graph
 
-HINTS = True
+FREE_OPS = ("reshape", "transpose", "expand_dims", "slice", "concat")
 SERVER_FILES = ("server.zip", "evaluation_keys.bin", "meta.json")
 
 
@@ -52,10 +53,7 @@ def _lower_node(node, args, graph: Graph):
         x = args[0]
         if a.get("rounding_bits", 0):
             x = fhe.round_bit_pattern(x, lsbs_to_remove=a["rounding_bits"])
-        y = fhe.univariate(a["fn"])(x)
-        if HINTS and "out_range" in a and node.bits is not None:
-            y = fhe.hint(y, bit_width=node.bits)
-        return y
+        return fhe.univariate(a["fn"])(x)
     if op in ("mul", "matmul"):
         return _product(node, args, graph)
     if op == "reshape":
@@ -102,11 +100,12 @@ def to_concrete_function(graph: Graph):
                 env[node.name] = x
                 continue
             args = [env[i] for i in node.inputs]
-            if node.tag:
-                with fhe.tag(node.tag):
-                    env[node.name] = _lower_node(node, args, graph)
-            else:
-                env[node.name] = _lower_node(node, args, graph)
+            with fhe.tag(node.tag) if node.tag else contextlib.nullcontext():
+                value = _lower_node(node, args, graph)
+                if node.bits is not None and node.op not in FREE_OPS:
+                    # the width calibration fixed (inputsets may be smaller than calibration sets)
+                    value = fhe.hint(value, bit_width=node.bits)
+            env[node.name] = value
         return env[graph.output_name]
 
     return circuit
@@ -153,7 +152,11 @@ class TfheBackend:
         if graph.output_name is None or graph.nodes[graph.input_name].lo is None:
             raise NotCompiledError("the integer program is not calibrated; build it with quant.export first")
         graph.check_fits()
-        inputset = [np.asarray(s, dtype=np.int64) for s in calib_ints[: params.inputset_size]]
+        rounds = any(n.op == "lut" and n.attrs.get("rounding_bits") for n in graph.nodes.values())
+        # Concrete sizes round_bit_pattern from the inputset, not from hints: with rounding, a smaller
+        # inputset than the calibration set gave wrong results here, so the whole set is used.
+        size = len(calib_ints) if rounds else params.inputset_size
+        inputset = [np.asarray(s, dtype=np.int64) for s in calib_ints[:size]]
         config = fhe.Configuration(
             show_progress=False, p_error=params.p_error, global_p_error=params.global_p_error,
             dataflow_parallelize=params.dataflow_parallelize, loop_parallelize=params.loop_parallelize,
