@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--epochs-scale", type=float, default=1.0, help="multiply every preset's epoch count")
     ap.add_argument("--fresh", action="store_true", help="ignore cached runs")
+    ap.add_argument("--report-only", action="store_true", help="render the table from cached runs, train nothing")
     args = ap.parse_args()
     tasks, kinds = args.tasks.split(","), args.kinds.split(",")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -113,6 +114,8 @@ def main() -> None:
     runs = [] if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
     done = {(r["task"], r["kind"], r["seed"], r["epochs"]) for r in runs}
     todo = [(t, k, s) for t in tasks for k in kinds for s in range(args.seeds)]
+    if args.report_only:
+        todo = []
     bar = tqdm(todo, desc="accuracy", unit="run")
     data_cache = {}
     for task, kind, seed in bar:
