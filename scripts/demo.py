@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 RUNS = Path("runs")
-N_ENCRYPTED = int(os.environ.get("FHE_DEMO_SAMPLES", "3"))
+N_ENCRYPTED = int(os.environ.get("FHE_DEMO_SAMPLES", "2"))
 
 
 def fhe(*args: str) -> None:
