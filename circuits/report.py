@@ -85,7 +85,10 @@ def plot(reports: list[CircuitReport], path: Path) -> None:
     axes[0].set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="PBS count", title="PBS")
     axes[1].set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="seconds",
                 title="encrypted run (median)")
+    ts = sorted({r.seq_len for r in reports})
     for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ts, [str(t) for t in ts])
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
