@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 RUNS = Path("runs")
-N_ENCRYPTED = int(os.environ.get("FHE_DEMO_SAMPLES", "2"))
+N_ENCRYPTED = int(os.environ.get("FHE_DEMO_SAMPLES", "1"))
 
 
 def fhe(*args: str) -> None:
