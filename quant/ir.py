@@ -37,6 +37,7 @@ from enum import Enum
 import numpy as np
 
 LUT_BIT_LIMIT = 16  # concrete-python's table lookups take at most 16-bit inputs
+FREE_OPS = ("reshape", "transpose", "expand_dims", "slice", "concat")  # layout only: no arithmetic
 
 
 class OverflowPolicy(str, Enum):

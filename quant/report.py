@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from quant.ir import LUT_BIT_LIMIT, Graph
+from quant.ir import FREE_OPS, LUT_BIT_LIMIT, Graph
 
 
 def node_rows(graph: Graph) -> list[dict]:
     rows = []
     for n in graph.nodes.values():
-        if n.op in ("reshape", "transpose", "expand_dims", "slice", "concat"):
+        if n.op in FREE_OPS:
             continue
         rows.append({"node": n.name, "op": n.op, "tag": n.tag, "shape": list(n.attrs.get("shape", [])),
                      "range": [n.lo, n.hi], "bits": n.bits, "lut_input_bits": n.lut_input_bits(graph)})

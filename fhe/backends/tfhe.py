@@ -21,13 +21,10 @@ from concrete import fhe
 from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
-from quant.ir import Graph
-
-FREE_OPS = ("reshape", "transpose", "expand_dims", "slice", "concat")
-SERVER_FILES = ("server.zip", "evaluation_keys.bin", "meta.json")
+from quant.ir import FREE_OPS, Graph
 
 
-def _lower_node(node, args, graph: Graph):
+def _lower_node(node, args):
     a = node.attrs
     op = node.op
     if op == "linear":
@@ -48,14 +45,14 @@ def _lower_node(node, args, graph: Graph):
         return np.sum(args[0], axis=a["axis"], keepdims=a.get("keepdims", False))
     if op == "lut":
         if a.get("per_channel"):
-            raise NotImplementedError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
-                                      "quantize with per-tensor weights")
+            raise ValueError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
+                             "quantize with per-tensor weights")
         x = args[0]
         if a.get("rounding_bits", 0):
             x = fhe.round_bit_pattern(x, lsbs_to_remove=a["rounding_bits"])
         return fhe.univariate(a["fn"])(x)
     if op in ("mul", "matmul"):
-        return _product(node, args, graph)
+        return _product(node, args)
     if op == "reshape":
         return np.reshape(args[0], tuple(a["shape"]))
     if op == "transpose":
@@ -74,7 +71,7 @@ def _quarter_square(t):
     return (t * t) // 4
 
 
-def _product(node, args, graph: Graph):
+def _product(node, args):
     """Encrypted × encrypted product (elementwise, or a matmul), by quarter squares:
 
         a·b = ⌊(a + b)²/4⌋ − ⌊(a − b)²/4⌋   (exact: a + b and a − b have the same parity)
@@ -101,7 +98,7 @@ def to_concrete_function(graph: Graph):
                 continue
             args = [env[i] for i in node.inputs]
             with fhe.tag(node.tag) if node.tag else contextlib.nullcontext():
-                value = _lower_node(node, args, graph)
+                value = _lower_node(node, args)
                 if node.bits is not None and node.op not in FREE_OPS:
                     # the width calibration fixed (inputsets may be smaller than calibration sets)
                     value = fhe.hint(value, bit_width=node.bits)
