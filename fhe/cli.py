@@ -126,6 +126,9 @@ def quant_options(fn):
                      help="LSBs each table lookup rounds away first (concrete round_bit_pattern)."),
         click.option("--per-channel", is_flag=True, help="Per-output-channel weight scales."),
         click.option("--asymmetric", is_flag=True, help="Asymmetric (zero-point) activation quantizers."),
+        click.option("--range-mode", type=click.Choice(["minmax", "percentile"]), default="minmax",
+                     show_default=True, help="Calibration ranges: min/max, or the 99.99th percentile (clips "
+                     "outliers; better at 4 bits)."),
         click.option("--calib", "n_calib", type=int, default=500, show_default=True,
                      help="Calibration samples (from the training split)."),
     ]
@@ -134,13 +137,13 @@ def quant_options(fn):
     return fn
 
 
-def make_quant_config(n_bits, weight_bits, input_bits, rounding_bits, per_channel, asymmetric):
+def make_quant_config(n_bits, weight_bits, input_bits, rounding_bits, per_channel, asymmetric, range_mode="minmax"):
     from quant import QuantConfig
 
     try:
         return QuantConfig(n_bits=n_bits, weight_bits=weight_bits, input_bits=input_bits,
                            rounding_bits=rounding_bits, symmetric=not asymmetric,
-                           weight_granularity="per-channel" if per_channel else "per-tensor")
+                           weight_granularity="per-channel" if per_channel else "per-tensor", range_mode=range_mode)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
 
@@ -154,15 +157,15 @@ def make_quant_config(n_bits, weight_bits, input_bits, rounding_bits, per_channe
               help="Values outside the calibrated bit widths: stop with an error, or saturate and count.")
 @click.option("--nodes", "show_nodes", is_flag=True, help="Print the per-node bit-width table.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
-def quantize(model_path, n_bits, weight_bits, input_bits, rounding_bits, per_channel, asymmetric, n_calib, data_dir,
-             n_test, policy, show_nodes, json_path) -> None:
+def quantize(model_path, n_bits, weight_bits, input_bits, rounding_bits, per_channel, asymmetric, range_mode, n_calib,
+             data_dir, n_test, policy, show_nodes, json_path) -> None:
     """Quantize MODEL_PATH to an integer program; report bit widths and float vs integer accuracy."""
     from models.training import predict
     from quant import ExportError, OverflowPolicy, RangeOverflowError, export
     from quant.report import accuracy, format_program, program_summary
 
     ckpt, data = load_model_and_task(model_path, data_dir)
-    qconfig = make_quant_config(n_bits, weight_bits, input_bits, rounding_bits, per_channel, asymmetric)
+    qconfig = make_quant_config(n_bits, weight_bits, input_bits, rounding_bits, per_channel, asymmetric, range_mode)
     try:
         program = export(ckpt.model, data.x_train[:n_calib], qconfig)
     except ExportError as exc:
@@ -218,14 +221,14 @@ def _tfhe_params(n_bits, rounding_bits, p_error, global_p_error, inputset):
 
 
 def _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits, p_error, global_p_error, n_calib, inputset,
-             simulate_only=False):
+             simulate_only=False, range_mode="minmax"):
     from fhe.harness import compile_model
     from quant import BitWidthError, ExportError, QuantConfig
 
     ckpt, data = load_model_and_task(model_path, data_dir)
     params = _tfhe_params(n_bits, rounding_bits, p_error, global_p_error, inputset)
     try:
-        qconfig = QuantConfig(n_bits=n_bits, rounding_bits=rounding_bits, lut_bits=lut_bits)
+        qconfig = QuantConfig(n_bits=n_bits, rounding_bits=rounding_bits, lut_bits=lut_bits, range_mode=range_mode)
         compiled = compile_model(ckpt.model, data.x_train[:n_calib], params, qconfig, simulate_only=simulate_only,
                                  meta={"model_path": str(model_path), "task": ckpt.task["name"]})
     except (ExportError, BitWidthError, ValueError) as exc:
@@ -241,6 +244,8 @@ def fhe_options(fn):
                      help="LSBs every table lookup rounds away first."),
         click.option("--lut-bits", type=int, default=7, show_default=True,
                      help="Round each lookup's input down to at most this many bits (0: off)."),
+        click.option("--range-mode", type=click.Choice(["minmax", "percentile"]), default="minmax",
+                     show_default=True, help="Calibration ranges (percentile clips outliers)."),
         click.option("--p-error", type=float, default=None, help="Per-PBS error probability."),
         click.option("--global-p-error", type=float, default=1e-5, show_default=True),
         click.option("--calib", "n_calib", type=int, default=500, show_default=True),
@@ -273,13 +278,13 @@ def print_report(rep: dict) -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Write client/ (with secret keys) and server/ (circuit + evaluation keys only) artifacts.")
 @click.option("--no-run", is_flag=True, help="Skip keygen and the timing run of one encrypted sample.")
-def compile_cmd(model_path, scheme, n_bits, rounding_bits, lut_bits, p_error, global_p_error, n_calib, inputset,
-                data_dir, json_path, out_dir, no_run) -> None:
+def compile_cmd(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_error, global_p_error, n_calib,
+                inputset, data_dir, json_path, out_dir, no_run) -> None:
     """Compile MODEL_PATH into an encrypted program and print its cost report."""
     _require_tfhe(scheme)
     click.echo(f"compiling {model_path} for TFHE at {n_bits} bits ...")
     _, data, compiled = _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits or None, p_error,
-                                 global_p_error, n_calib, inputset)
+                                 global_p_error, n_calib, inputset, range_mode=range_mode)
     if not no_run:
         click.echo("generating keys and running one encrypted test sample ...")
         compiled.keygen()
@@ -330,8 +335,8 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
 @click.option("--n", "n_samples", type=int, default=20, show_default=True, help="Test samples.")
 @click.option("--mode", type=click.Choice(["simulate", "execute"]), default="simulate", show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
-def compare(model_path, scheme, n_bits, rounding_bits, lut_bits, p_error, global_p_error, n_calib, inputset, data_dir,
-            n_samples, mode, json_path) -> None:
+def compare(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_error, global_p_error, n_calib, inputset,
+            data_dir, n_samples, mode, json_path) -> None:
     """Float vs clear-integer vs simulated/encrypted accuracy and agreement on N test samples."""
     import time
 
@@ -341,7 +346,8 @@ def compare(model_path, scheme, n_bits, rounding_bits, lut_bits, p_error, global
 
     _require_tfhe(scheme)
     _, data, compiled = _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits or None, p_error,
-                                 global_p_error, n_calib, inputset, simulate_only=mode == "simulate")
+                                 global_p_error, n_calib, inputset, simulate_only=mode == "simulate",
+                                 range_mode=range_mode)
     if mode == "execute":
         click.echo("generating keys ...")
         compiled.keygen()

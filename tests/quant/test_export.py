@@ -25,7 +25,9 @@ def tiny(kind, **kw):
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
 @pytest.mark.parametrize("qconfig", [QuantConfig(n_bits=6), QuantConfig(n_bits=5, symmetric=False,
-                                     weight_granularity="per-channel", rounding_bits=1)], ids=["sym", "asym-pc-r1"])
+                                     weight_granularity="per-channel", rounding_bits=1),
+                                     QuantConfig(n_bits=4, range_mode="percentile", percentile=99.0, lut_bits=6)],
+                         ids=["sym", "asym-pc-r1", "pct-lut6"])
 def test_integer_program_equals_fake_quantized_forward(kind, qconfig):
     model = tiny(kind)
     x = torch.rand(260, 6, 5, dtype=torch.float64)
