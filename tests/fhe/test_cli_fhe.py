@@ -54,3 +54,16 @@ def test_fhe_commands_fail_clearly(tiny_model, tmp_path):
     assert res.exit_code == 1 and "--norm none" in res.output
     res = CliRunner().invoke(main, ["compile", str(tmp_path / "missing.pt")])
     assert res.exit_code == 2 and "fhe train" in res.output
+
+
+def test_compile_writes_artifacts_that_fhe_run_uses(tiny_model, tmp_path):
+    out = tmp_path / "art"
+    res = CliRunner().invoke(main, ["compile", str(tiny_model), "--n-bits", "3", "--lut-bits", "5", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "encrypted output equals the clear integer program: True" in res.output
+    assert not (out / "server" / "keys.bin").exists() and (out / "client" / "keys.bin").exists()
+    res = CliRunner().invoke(main, ["run", str(out), "--sample", "3"])
+    assert res.exit_code == 0, res.output
+    assert "sample 3: label" in res.output and "encrypted prediction" in res.output
+    res = CliRunner().invoke(main, ["run", str(tmp_path / "nothing")])
+    assert res.exit_code == 1 and "holds no secret keys" in res.output
