@@ -70,6 +70,8 @@ def write_table(runs: list[dict], tasks: list[str], kinds: list[str], command: s
         "",
         "Mean ± 95% confidence interval over seeds (accuracy in %, adding-problem MSE). "
         "p: Welch t-test against dot-product on the same task (p < 0.05 = significant difference).",
+        "Runs are cached in `accuracy_runs.json`; a cell with n < 5 or — is not fully measured yet, and "
+        "`python benchmarks/accuracy.py --seeds 5` resumes and completes the table.",
         "",
         "| task | metric | " + " | ".join(kinds) + " |",
         "|---|---|" + "---|" * len(kinds),
