@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--n-test", type=int, default=2000, help="test samples per evaluation")
     ap.add_argument("--calib", type=int, default=1000)
+    ap.add_argument("--stem", default=None, help="output file stem (default: bitwidth[_<tasks>])")
     args = ap.parse_args()
     lo, hi = (int(v) for v in args.bits.split("-"))
     bits_range = list(range(lo, hi + 1))
@@ -88,9 +89,9 @@ def main() -> None:
         lines.append(f"| {r['task']} | {r['kind']} | " + " | ".join(f"{100 * s['int_accuracy']:.1f}"
                                                               for s in r["sweep"]) + " |")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    suffix = "" if args.tasks == "digits,mnist" else "_" + args.tasks.replace(",", "_")
-    (RESULTS / f"bitwidth{suffix}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"bitwidth{suffix}.json").write_text(json.dumps(results, indent=2, default=float))
+    stem = args.stem or ("bitwidth" if args.tasks == "digits,mnist" else "bitwidth_" + args.tasks.replace(",", "_"))
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(results, indent=2, default=float))
     print("\n".join(lines))
 
 
