@@ -235,27 +235,29 @@ class Graph:
                     f"(--n-bits), or round before the lookup (--rounding-bits {bits - limit} or more).")
 
 
+# Ops whose numpy spelling is the same on arrays and on Concrete tracers: the interpreter below and
+# the TFHE lowering (fhe/backends/tfhe.py) both dispatch through this table.
+SHARED_OPS: dict[str, Callable[[dict, list], object]] = {
+    "linear": lambda a, args: args[0] @ a["weight"] + a["bias"],
+    "matmul_left": lambda a, args: np.matmul(a["weight"], args[0]),
+    "add_const": lambda a, args: args[0] + a["value"],
+    "mul_const": lambda a, args: args[0] * a["value"],
+    "add": lambda a, args: args[0] + args[1],
+    "sub": lambda a, args: args[0] - args[1],
+    "neg": lambda a, args: -args[0],
+    "sum": lambda a, args: np.sum(args[0], axis=a["axis"], keepdims=a.get("keepdims", False)),
+    "expand_dims": lambda a, args: np.expand_dims(args[0], a["axis"]),
+    "concat": lambda a, args: np.concatenate(tuple(args), axis=a["axis"]),
+}
+
+
 def _evaluate(node: Node, args: list[np.ndarray], x: np.ndarray) -> np.ndarray:
     a = node.attrs
     op = node.op
+    if op in SHARED_OPS:
+        return SHARED_OPS[op](a, args)
     if op == "input":
         return np.asarray(x, dtype=np.int64)
-    if op == "linear":
-        return args[0] @ a["weight"] + a["bias"]
-    if op == "matmul_left":
-        return np.matmul(a["weight"], args[0])
-    if op == "add_const":
-        return args[0] + a["value"]
-    if op == "mul_const":
-        return args[0] * a["value"]
-    if op == "add":
-        return args[0] + args[1]
-    if op == "sub":
-        return args[0] - args[1]
-    if op == "neg":
-        return -args[0]
-    if op == "sum":
-        return args[0].sum(axis=a["axis"], keepdims=a.get("keepdims", False))
     if op == "lut":
         fn: Callable[[np.ndarray], np.ndarray] = a["fn"]
         return np.asarray(fn(round_bit_pattern(args[0], a.get("rounding_bits", 0))), dtype=np.int64)
@@ -263,15 +265,12 @@ def _evaluate(node: Node, args: list[np.ndarray], x: np.ndarray) -> np.ndarray:
         return args[0] * args[1]
     if op == "matmul":
         return np.matmul(args[0], args[1])
+    # layout ops: the interpreter carries leading batch axes, so shapes and axes are offset by them
     if op == "reshape":
         return args[0].reshape(args[0].shape[: args[0].ndim - len(a["from_shape"])] + tuple(a["shape"]))
     if op == "transpose":
         lead = args[0].ndim - len(a["axes"])
         return np.transpose(args[0], tuple(range(lead)) + tuple(lead + i for i in a["axes"]))
-    if op == "expand_dims":
-        return np.expand_dims(args[0], a["axis"])
-    if op == "concat":
-        return np.concatenate(args, axis=a["axis"])
     if op == "slice":
         return args[0][(Ellipsis, *a["index"])]
     raise ValueError(f"unknown op {op!r} in node {node.name!r}")

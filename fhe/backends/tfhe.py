@@ -21,28 +21,14 @@ from concrete import fhe
 from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
-from quant.ir import FREE_OPS, Graph
+from quant.ir import FREE_OPS, SHARED_OPS, Graph
 
 
 def _lower_node(node, args):
     a = node.attrs
     op = node.op
-    if op == "linear":
-        return args[0] @ a["weight"] + a["bias"]
-    if op == "matmul_left":
-        return np.matmul(a["weight"], args[0])
-    if op == "add_const":
-        return args[0] + a["value"]
-    if op == "mul_const":
-        return args[0] * a["value"]
-    if op == "add":
-        return args[0] + args[1]
-    if op == "sub":
-        return args[0] - args[1]
-    if op == "neg":
-        return -args[0]
-    if op == "sum":
-        return np.sum(args[0], axis=a["axis"], keepdims=a.get("keepdims", False))
+    if op in SHARED_OPS:
+        return SHARED_OPS[op](a, args)
     if op == "lut":
         if a.get("per_channel"):
             raise ValueError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
@@ -57,13 +43,9 @@ def _lower_node(node, args):
         return np.reshape(args[0], tuple(a["shape"]))
     if op == "transpose":
         return np.transpose(args[0], tuple(a["axes"]))
-    if op == "expand_dims":
-        return np.expand_dims(args[0], a["axis"])
     if op == "slice":  # Concrete does not index with Ellipsis: spell the leading axes out
         lead = (slice(None),) * (len(args[0].shape) - len(a["index"]))
         return args[0][(*lead, *a["index"])]
-    if op == "concat":
-        return np.concatenate(tuple(args), axis=a["axis"])
     raise NotImplementedError(f"op {op!r} (node {node.name!r}) has no TFHE lowering")
 
 
