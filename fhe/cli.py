@@ -320,6 +320,8 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
         raise click.ClickException(str(exc)) from exc
     meta = client.meta
     data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"])
+    if not 0 <= sample < len(data.x_test):
+        raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}] for {meta['task']}, got {sample}")
     x = data.x_test[sample].numpy().astype(np.float64)
     scale, zp = meta["input_scale"], meta["input_zero_point"]
     x_int = np.clip(np.round(x / scale) + zp, meta["input_qmin"], meta["input_qmax"]).astype(np.int64)
