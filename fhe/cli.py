@@ -38,6 +38,9 @@ def main() -> None:
 @click.option("--limit", type=int, default=None, help="Use only the first N training samples.")
 @click.option("--range-loss", "range_loss", type=float, default=0.0, show_default=True,
               help="Weight of the PowerSoftmax range loss (Eq. 9).")
+@click.option("--power-form", type=click.Choice(["stable", "length-agnostic"]), default="stable", show_default=True,
+              help="PowerSoftmax training form: stable (Eqs. 5-6) or the polynomial model's length-agnostic form "
+              "with ε (Eq. 7), whose division interval ε bounds from below (for --scheme ckks).")
 @click.option("--qat-bits", type=int, default=None,
               help="After float training, fine-tune with brevitas quantization-aware training at N bits.")
 @click.option("--qat-epochs", type=int, default=None, help="QAT fine-tuning epochs (default: half of --epochs).")
@@ -46,7 +49,7 @@ def main() -> None:
               help="Also write the training summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed, norm, ffn_activation, seq_len,
-          data_dir, limit, range_loss, qat_bits, qat_epochs, output, json_path, quiet) -> None:
+          data_dir, limit, range_loss, power_form, qat_bits, qat_epochs, output, json_path, quiet) -> None:
     """Train a model on a task and save config + weights to OUTPUT."""
     import torch
 
@@ -64,7 +67,7 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
     try:
         model_config = config_for_task(
             data, attention=attention, d_model=d_model or preset.d_model, n_heads=heads or preset.n_heads,
-            n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation)
+            n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation, power_form=power_form)
         train_config = TrainConfig(epochs=preset.epochs if epochs is None else epochs,
                                    batch_size=batch_size or preset.batch_size, lr=lr or preset.lr, seed=seed,
                                    range_loss_weight=range_loss)

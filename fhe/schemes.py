@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from dataclasses import field
 from enum import Enum
+
+from fhe.ckks.approx import ApproxConfig
 
 
 class Scheme(str, Enum):
@@ -45,4 +48,30 @@ class TfheParams:
             raise ValueError("inputset_size must be >= 1")
 
     def replace(self, **changes) -> TfheParams:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class CkksParams:
+    """CKKS settings (TenSEAL). ``poly_modulus_degree=None`` lets the planner pick the smallest N whose
+    128-bit coefficient chain holds the program's depth. ``refresh`` opts in to the client-assisted
+    refresh (the data owner decrypts and re-encrypts ciphertexts that ran out of levels): never implicit.
+    ``batch_size`` caps the samples packed per ciphertext (SIMD slots; N/2 at most)."""
+
+    poly_modulus_degree: int | None = None
+    scale_bits: int = 40
+    outer_bits: int = 60
+    refresh: bool = False
+    approx: ApproxConfig = field(default_factory=ApproxConfig)
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.poly_modulus_degree is not None and self.poly_modulus_degree not in (4096, 8192, 16384, 32768):
+            raise ValueError(f"poly_modulus_degree must be 4096, 8192, 16384 or 32768, got {self.poly_modulus_degree}")
+        if not 20 <= self.scale_bits <= self.outer_bits <= 60:
+            raise ValueError(f"need 20 <= scale_bits <= outer_bits <= 60, got {self.scale_bits}, {self.outer_bits}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+
+    def replace(self, **changes) -> CkksParams:
         return dataclasses.replace(self, **changes)

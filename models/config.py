@@ -43,6 +43,8 @@ class TransformerConfig:
     ``in_features`` is the vocabulary size for token inputs, the feature count per position otherwise.
     Attention-specific knobs: ``inhibitor_alpha`` (shift α; the paper uses 0.5) and ``inhibitor_gamma``
     (γ; ``None`` means √d_head as in the paper), ``power_p`` / ``power_eps`` (PowerSoftmax p and ε),
+    ``power_form`` (``stable``: train with Eqs. 5-6, infer with Eq. 7; ``length-agnostic``: Eq. 7 with ε in
+    training and inference, the polynomial model's form),
     ``dct_n_bar`` (kept DCT coefficients), ``dct_ideal`` (Algorithm 2, evaluation only).
     """
 
@@ -61,6 +63,7 @@ class TransformerConfig:
     inhibitor_gamma: float | None = None
     power_p: int = 4
     power_eps: float = 1e-3
+    power_form: str = "stable"
     dct_n_bar: int | None = None
     dct_ideal: bool = False
     dropout: float = 0.0
@@ -80,6 +83,8 @@ class TransformerConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.power_p <= 0 or self.power_p % 2:
             raise ValueError(f"power_p must be a positive even integer, got {self.power_p}")
+        if self.power_form not in ("stable", "length-agnostic"):
+            raise ValueError(f"power_form must be 'stable' or 'length-agnostic', got {self.power_form!r}")
         if self.dct_n_bar is not None and not 0 < self.dct_n_bar <= self.seq_len:
             raise ValueError(f"dct_n_bar must be in [1, seq_len={self.seq_len}], got {self.dct_n_bar}")
 

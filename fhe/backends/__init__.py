@@ -18,10 +18,12 @@ def register_backend(params_type: type) -> Callable[[type], type]:
 def backend_for(params) -> type:
     if type(params) not in _BACKENDS:
         # import lazily so that `import fhe` works with only one FHE library installed
-        from fhe.schemes import TfheParams
+        from fhe.schemes import CkksParams, TfheParams
 
         if isinstance(params, TfheParams):
             import fhe.backends.tfhe  # noqa: F401
+        elif isinstance(params, CkksParams):
+            import fhe.backends.ckks  # noqa: F401
     try:
         return _BACKENDS[type(params)]
     except KeyError:

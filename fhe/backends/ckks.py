@@ -1,0 +1,217 @@
+"""CKKS backend: runs the polynomial program (fhe.ckks.program) on TenSEAL ciphertexts.
+
+Layout: SIMD over samples, one ciphertext per (position, feature) scalar whose slots hold up to N/2
+samples: no rotations, so the server needs relinearisation keys only (no Galois keys). The client
+holds the secret key; the server receives a public context (TenSEAL ``make_context_public``
+semantics: public and relinearisation keys, no secret key) and computes on ciphertexts linked to it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import tenseal as ts
+import torch
+
+from fhe.backends import register_backend
+from fhe.ckks.arith import Arith, ClearArith
+from fhe.ckks.planner import CkksPlan, plan_parameters
+from fhe.ckks.program import PolyProgram, build_program
+from fhe.errors import KeysMissingError
+from fhe.schemes import CkksParams, Scheme
+
+
+class CkksArith(Arith):
+    """TenSEAL ciphertexts (auto-rescale, auto-relinearise, auto mod-switch) as program values."""
+
+    def __init__(self, max_depth: int, refresh_fn=None) -> None:
+        super().__init__(max_depth, refresh=refresh_fn is not None)
+        self._refresh_fn = refresh_fn
+
+    def _mul(self, a, b):
+        return a * b
+
+    def _square(self, a):
+        return a.square()
+
+    def _add(self, a, b):
+        return a + b
+
+    def _add_scalar(self, a, c):
+        return a + c
+
+    def _neg(self, a):
+        return a.neg()
+
+    def _mul_scalar(self, a, c):
+        return a * c
+
+    def _refresh(self, a):
+        return self._refresh_fn(a)
+
+
+def public_context(ctx: ts.Context) -> ts.Context:
+    """The server's copy: public and relinearisation keys, never the secret key."""
+    server = ts.context_from(ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
+                                           save_relin_keys=True))
+    assert server.is_public() and not server.has_secret_key()
+    return server
+
+
+@register_backend(CkksParams)
+class CkksBackend:
+    scheme = Scheme.CKKS
+
+    def __init__(self, program: PolyProgram, params: CkksParams, plan: CkksPlan, planned: dict, meta: dict) -> None:
+        self.program, self.params, self.plan, self.planned, self.meta = program, params, plan, planned, meta
+        self.client_ctx: ts.Context | None = None
+        self.server_ctx: ts.Context | None = None
+        self.timings_s: dict[str, float] = {}
+        self.key_sizes_bytes: dict[str, int] = {}
+        self.last_run: dict = {}
+
+    # ------------------------------------------------------------------ compile
+    @classmethod
+    def compile(cls, model, calib_x, params: CkksParams, meta: dict | None = None) -> CkksBackend:
+        start = time.perf_counter()
+        program = build_program(model, calib_x, params.approx)
+        plan, planned = plan_program(program, np.asarray(calib_x[:2], dtype=np.float64), params)
+        backend = cls(program, params, plan, planned, dict(meta or {}))
+        backend.timings_s["compile"] = time.perf_counter() - start
+        return backend
+
+    # ------------------------------------------------------------------ keys
+    def keygen(self, force: bool = False) -> None:
+        if self.client_ctx is not None and not force:
+            return
+        start = time.perf_counter()
+        ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=self.plan.poly_modulus_degree,
+                         coeff_mod_bit_sizes=list(self.plan.coeff_mod_bit_sizes))
+        ctx.global_scale = 2.0 ** self.plan.scale_bits
+        self.client_ctx, self.server_ctx = ctx, public_context(ctx)
+        self.timings_s["keygen"] = time.perf_counter() - start
+        public = len(ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
+                                   save_relin_keys=False))
+        with_relin = len(ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
+                                       save_relin_keys=True))
+        with_secret = len(ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False,
+                                        save_relin_keys=False))
+        self.key_sizes_bytes = {"public_context": public, "relin_keys": with_relin - public,
+                                "secret_key": with_secret - public, "galois_keys": 0}
+
+    def _require_keys(self) -> None:
+        if self.client_ctx is None:
+            raise KeysMissingError("no CKKS keys yet: call keygen() first")
+
+    # ------------------------------------------------------------------ client side
+    def encrypt(self, x: np.ndarray | torch.Tensor) -> list:
+        """(B, T, F) floats → T·F ciphertexts, the batch in the slots (B ≤ N/2)."""
+        self._require_keys()
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim == 2:
+            x = x[None]
+        if x.shape[0] > self.plan.slots:
+            raise ValueError(f"{x.shape[0]} samples exceed the {self.plan.slots} slots of one ciphertext")
+        start = time.perf_counter()
+        cts = [ts.ckks_vector(self.client_ctx, x[:, t, f].tolist())
+               for t in range(x.shape[1]) for f in range(x.shape[2])]
+        self.timings_s["encrypt"] = time.perf_counter() - start
+        self._batch = x.shape[0]
+        return cts
+
+    def decrypt(self, cts: list) -> np.ndarray:
+        self._require_keys()
+        start = time.perf_counter()
+        sk = self.client_ctx.secret_key()
+        out = np.stack([np.asarray(ct.decrypt(sk)) for ct in cts], axis=-1)
+        self.timings_s["decrypt"] = time.perf_counter() - start
+        return out
+
+    def _refresh(self, ct):
+        """Client-assisted refresh: the data owner decrypts and re-encrypts (labelled, opt-in)."""
+        fresh = ts.ckks_vector(self.client_ctx, ct.decrypt(self.client_ctx.secret_key()))
+        fresh.link_context(self.server_ctx)
+        return fresh
+
+    # ------------------------------------------------------------------ server side
+    def run(self, cts: list) -> list:
+        self._require_keys()
+        for ct in cts:
+            ct.link_context(self.server_ctx)  # from here on, no secret key is reachable
+        ar = CkksArith(self.plan.depth, self._refresh if self.plan.refresh else None)
+        from fhe.ckks.arith import Val
+
+        start = time.perf_counter()
+        out = self.program.forward(ar, [Val(ct, 0) for ct in cts])
+        self.timings_s["run"] = time.perf_counter() - start
+        self.last_run = {"stages_s": dict(ar.timings_s), **ar.summary()}
+        for v in out:
+            v.data.link_context(self.client_ctx)
+        return [v.data for v in out]
+
+    def encrypt_run_decrypt(self, x) -> np.ndarray:
+        return self.decrypt(self.run(self.encrypt(x)))
+
+    def simulate(self, x) -> np.ndarray:
+        """The clear polynomial program (exact arithmetic; CKKS noise is not modelled)."""
+        return self.program.clear(np.asarray(x, dtype=np.float64))
+
+    # ------------------------------------------------------------------ report and artifacts
+    def report(self) -> dict:
+        planned = self.planned
+        rep = {
+            "scheme": "ckks", "seq_len": self.program.config.seq_len, "layout": "simd-batch",
+            "depth": planned["depth"], "depth_per_tag": planned["level_after_tag"],
+            "poly_modulus_degree": self.plan.poly_modulus_degree,
+            "coeff_mod_bit_sizes": list(self.plan.coeff_mod_bit_sizes), "scale_bits": self.plan.scale_bits,
+            "security_bits": self.plan.security_bits, "slots": self.plan.slots,
+            "client_assisted_refresh": self.plan.refresh,
+            "op_counts": planned["op_counts"], "op_counts_per_tag": planned["op_counts_per_tag"],
+            "approximations": {k: {a: b for a, b in v.items() if a != "coeffs"} for k, v in self.program.ops.items()},
+            "key_sizes_bytes": dict(self.key_sizes_bytes),
+            "timings_s": {**self.timings_s, **{f"stage.{k}": v for k, v in self.last_run.get("stages_s", {}).items()}},
+            **{k: v for k, v in self.meta.items() if k in ("task", "model_path")},
+        }
+        if self.last_run:
+            rep["batch"] = getattr(self, "_batch", None)
+        return rep
+
+    def save(self, directory, include_secret_key: bool = False) -> dict:
+        """server/: public context + program; client/: context with the secret key (on request)."""
+        self._require_keys()
+        directory = Path(directory)
+        server, client = directory / "server", directory / "client"
+        server.mkdir(parents=True, exist_ok=True)
+        (server / "context.public").write_bytes(self.server_ctx.serialize(save_secret_key=False))
+        with open(server / "program.pkl", "wb") as fh:
+            pickle.dump(self.program, fh)
+        meta = {**self.meta, "plan": self.plan.to_dict()}
+        (server / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+        paths = {"server": server}
+        if include_secret_key:
+            client.mkdir(parents=True, exist_ok=True)
+            (client / "context.secret").write_bytes(self.client_ctx.serialize(save_secret_key=True))
+            (client / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+            paths["client"] = client
+        return paths
+
+
+def plan_program(program: PolyProgram, x: np.ndarray, params: CkksParams) -> tuple[CkksPlan, dict]:
+    """Depth and operation counts from a clear run (the program's structure does not depend on data),
+    then the parameters; with refresh, a second clear run under the chain's depth counts the refreshes."""
+    ar = ClearArith()
+    program.clear(x, ar)
+    summary = ar.summary()
+    plan = plan_parameters(summary["depth"], params.scale_bits, params.outer_bits, params.poly_modulus_degree,
+                           params.refresh, summary["level_after_tag"])
+    if plan.depth < summary["depth"]:
+        full_depth = summary["depth"]
+        ar = ClearArith(max_depth=plan.depth, refresh=True)
+        program.clear(x, ar)
+        summary = ar.summary()
+        summary["program_depth_without_refresh"] = full_depth
+    return plan, summary

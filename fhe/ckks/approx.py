@@ -1,0 +1,218 @@
+"""Polynomial stand-ins for the non-polynomial operations (PowerSoftmax paper, Section 4.5, App. C).
+
+- 1/x (the PowerSoftmax denominator): Goldschmidt iterations. With e₀ = 1 − a and y₀ = 1 + e₀,
+  eₖ = eₖ₋₁², yₖ = yₖ₋₁(1 + eₖ) gives yₙ = (1 − e₀^(2ⁿ⁺¹))/a: the relative error is e₀^(2ⁿ⁺¹), so
+  the interval [lo, hi] of a (from calibration) is scaled to be symmetric around 1 and the iteration
+  count is the smallest n with ((hi − lo)/(hi + lo))^(2ⁿ⁺¹) ≤ tolerance.
+- 1/√z (LayerNorm): Newton iterations y ← y(3 − z y²)/2 from a linear first guess on the calibrated
+  interval; the count is the smallest that meets the tolerance on a dense grid of the interval.
+- GELU(x) = x·sigmoid(1.702x) (App. C, Eq. 10): a Chebyshev fit of the sigmoid on the calibrated
+  interval, degree the smallest whose error bound meets the tolerance; ReLU by a direct Chebyshev fit.
+
+Every approximation is evaluated through an :class:`~fhe.ckks.arith.Arith`, so the clear reference,
+the depth planner and the encrypted run execute the very same polynomial operations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.polynomial import chebyshev as C
+
+from fhe.ckks.arith import Arith, ClearArith, Val
+
+
+class ApproximationError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ApproxConfig:
+    """Accuracy targets of the approximations and the safety margin around calibrated intervals.
+
+    ``margin`` widens every calibrated interval by that fraction of its width on each side (values
+    the calibration set did not reach still converge).
+    """
+
+    reciprocal_tol: float = 1e-2  # relative error of Goldschmidt 1/x
+    invsqrt_tol: float = 1e-2  # relative error of Newton 1/sqrt(z)
+    activation_tol: float = 2e-2  # max absolute error of the GELU/ReLU polynomial on its interval
+    max_degree: int = 31
+    max_iterations: int = 20
+    margin: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("reciprocal_tol", "invsqrt_tol", "activation_tol"):
+            if not 0 < getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
+        if self.max_degree < 1 or self.max_iterations < 1 or self.margin < 0:
+            raise ValueError(f"invalid approximation settings: {self}")
+
+
+def widen(lo: float, hi: float, margin: float, positive: bool = False) -> tuple[float, float]:
+    """[lo, hi] widened by ``margin`` of its width each side (multiplicatively for positive intervals)."""
+    if positive:
+        return lo / (1 + margin), hi * (1 + margin)
+    pad = margin * max(hi - lo, 1e-6)
+    return lo - pad, hi + pad
+
+
+# ---------------------------------------------------------------------------------------------- 1/x
+def goldschmidt_iterations(lo: float, hi: float, tol: float, max_iterations: int) -> int:
+    """Smallest n with r^(2ⁿ⁺¹) ≤ tol, r = (hi − lo)/(hi + lo): a scaled to [lo, hi]/((lo + hi)/2)."""
+    if not 0 < lo <= hi:
+        raise ApproximationError(f"Goldschmidt 1/x needs a positive interval, got [{lo:.3g}, {hi:.3g}]")
+    r = (hi - lo) / (hi + lo)
+    if r == 0:
+        return 0
+    n = max(0, math.ceil(math.log2(math.log(tol) / math.log(r))) - 1)
+    if n > max_iterations:
+        raise ApproximationError(
+            f"1/x on [{lo:.3g}, {hi:.3g}] (ratio {hi / lo:.0f}) needs {n} Goldschmidt iterations for relative "
+            f"error {tol:g} (limit {max_iterations}); shrink the interval (range-loss fine-tuning, a larger ε) "
+            "or relax the tolerance")
+    return n
+
+
+def goldschmidt_reciprocal(ar: Arith, a: Val, n_iterations: int) -> Val:
+    """1/a for a in (0, 2), a already scaled (the scale is folded into the producer's weights)."""
+    e = ar.add_scalar(ar.neg(a), 1.0)  # e₀ = 1 − a
+    y = ar.add_scalar(e, 1.0)  # y₀ = 1 + e₀
+    for _ in range(n_iterations):
+        e = ar.square(e)
+        y = ar.mul(y, ar.add_scalar(e, 1.0))
+    return y
+
+
+# ----------------------------------------------------------------------------------------- 1/sqrt(z)
+def _invsqrt_guess(lo: float, hi: float) -> tuple[float, float]:
+    """Least-squares line c₀ + c₁z for 1/√z on [lo, hi] (Newton's starting point)."""
+    z = np.linspace(lo, hi, 512)
+    c1, c0 = np.polyfit(z, 1 / np.sqrt(z), 1)
+    return float(c0), float(c1)
+
+
+def newton_invsqrt(ar: Arith, z: Val, guess: tuple[float, float], n_iterations: int) -> Val:
+    """1/√z: y₀ = c₀ + c₁z, then y ← y·(1.5 − 0.5·z·y²) (three levels per iteration)."""
+    y = ar.lincomb([z], [guess[1]], guess[0])
+    half_z = ar.lincomb([z], [-0.5])
+    for _ in range(n_iterations):
+        t = ar.mul(half_z, ar.square(y))
+        y = ar.mul(y, ar.add_scalar(t, 1.5))
+    return y
+
+
+def invsqrt_iterations(lo: float, hi: float, tol: float, max_iterations: int) -> int:
+    if not 0 < lo <= hi:
+        raise ApproximationError(f"1/sqrt needs a positive interval, got [{lo:.3g}, {hi:.3g}]")
+    z = np.geomspace(lo, hi, 2048)
+    guess = _invsqrt_guess(lo, hi)
+    for n in range(max_iterations + 1):
+        y = newton_invsqrt(ClearArith(), Val(z), guess, n).data
+        if np.max(np.abs(y * np.sqrt(z) - 1)) <= tol:
+            return n
+    raise ApproximationError(
+        f"1/sqrt on [{lo:.3g}, {hi:.3g}] (ratio {hi / lo:.0f}) does not reach relative error {tol:g} in "
+        f"{max_iterations} Newton iterations; shrink the LayerNorm variance range (range loss) or relax the tolerance")
+
+
+# ------------------------------------------------------------------------------------ activations
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
+
+
+def gelu_sigmoid(x: np.ndarray) -> np.ndarray:
+    """GELU(x) ≈ x·sigmoid(1.702x) (PowerSoftmax paper App. C, Eq. 10)."""
+    return x * sigmoid(1.702 * x)
+
+
+@dataclass(frozen=True)
+class PolyFit:
+    """p(t) = Σ coeffs[k]·tᵏ with t = (x − mid)/half ∈ [−1, 1] (the map is folded into the producer)."""
+
+    coeffs: tuple[float, ...]
+    mid: float
+    half: float
+    max_error: float
+
+    @property
+    def degree(self) -> int:
+        return len(self.coeffs) - 1
+
+
+def chebyshev_fit(fn: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, tol: float, max_degree: int,
+                  error_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+                  name: str = "function") -> PolyFit:
+    """The lowest-degree Chebyshev interpolant of ``fn`` on [lo, hi] whose max error is ≤ tol.
+
+    ``error_fn(x, p(t))`` turns the fitted values into the error that matters (for GELU, the error of
+    x·p instead of p); by default |p − fn|.
+    """
+    mid, half = (lo + hi) / 2, max((hi - lo) / 2, 1e-9)
+    t = np.cos(np.linspace(0, np.pi, 4001))  # dense, endpoint-heavy grid of [-1, 1]
+    x = mid + half * t
+    best = None
+    for deg in range(1, max_degree + 1):
+        cheb = C.chebinterpolate(lambda s: fn(mid + half * s), deg)
+        coeffs = C.cheb2poly(cheb)
+        approx = np.polynomial.polynomial.polyval(t, coeffs)
+        err = float(np.max(np.abs(error_fn(x, approx) if error_fn else approx - fn(x))))
+        if best is None or err < best.max_error:
+            best = PolyFit(tuple(float(c) for c in coeffs), mid, half, err)
+        if err <= tol:
+            return best
+    raise ApproximationError(
+        f"{name} on [{lo:.3g}, {hi:.3g}] needs a polynomial of degree > {max_degree} for error {tol:g} "
+        f"(degree {best.degree} reaches {best.max_error:.3g}); shrink the interval with range-loss fine-tuning "
+        "or relax the tolerance")
+
+
+def gelu_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
+    """Fit q(t) ≈ sigmoid(1.702x); GELU is then x·q(t), error measured on x·q."""
+    return chebyshev_fit(lambda x: sigmoid(1.702 * x), lo, hi, tol, max_degree,
+                         error_fn=lambda x, q: x * q - gelu_sigmoid(x), name="GELU")
+
+
+def relu_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
+    return chebyshev_fit(lambda x: np.maximum(x, 0.0), lo, hi, tol, max_degree, name="ReLU")
+
+
+def poly_eval(ar: Arith, t: Val, coeffs: tuple[float, ...]) -> Val:
+    """Σ cₖ tᵏ: powers by a binary tree (tᵏ at depth ⌈log₂ k⌉), then one clear-weighted sum (+1 level)."""
+    powers: dict[int, Val] = {1: t}
+
+    def power(k: int) -> Val:
+        if k not in powers:
+            hi = 1 << (k.bit_length() - 1)
+            powers[k] = ar.square(power(k // 2)) if hi == k else ar.mul(power(hi), power(k - hi))
+        return powers[k]
+
+    ks = [k for k in range(1, len(coeffs)) if coeffs[k] != 0]
+    if not ks:
+        return ar.add_scalar(ar.lincomb([t], [0.0]), coeffs[0])
+    return ar.lincomb([power(k) for k in ks], [coeffs[k] for k in ks], coeffs[0])
+
+
+def gelu_coeffs(fit: PolyFit) -> tuple[float, ...]:
+    """x·q(t) with x = mid + half·t (Eq. 10), expanded into one polynomial of t of degree deg(q) + 1:
+    the same function, one level shallower than multiplying x by q(t) after the fact."""
+    return tuple(float(c) for c in np.polynomial.polynomial.polymul([fit.mid, fit.half], fit.coeffs))
+
+
+def gelu_eval(ar: Arith, t: Val, fit: PolyFit) -> Val:
+    return poly_eval(ar, t, gelu_coeffs(fit))
+
+
+def power_even(ar: Arith, x: Val, p: int) -> Val:
+    """x^p for an even p by square-and-multiply (log₂ p levels when p is a power of two)."""
+    result, base, k = None, x, p
+    while k:
+        if k & 1:
+            result = base if result is None else ar.mul(result, base)
+        k >>= 1
+        if k:
+            base = ar.square(base)
+    return result

@@ -1,0 +1,192 @@
+"""One arithmetic interface for the polynomial program, with CKKS's level bookkeeping built in.
+
+Every value is a :class:`Val`: data (a numpy array over the batch, or a ciphertext whose SIMD slots
+hold the batch) plus its *level*, the number of rescales it went through. A ciphertext × ciphertext
+product and a ciphertext × scalar product each cost one level (TenSEAL rescales after every product);
+additions cost none. Subclasses implement the raw operations; this base class counts operations per
+stage tag, tracks levels and, only when asked (``refresh=True``), performs a labelled client-assisted
+refresh (the data owner decrypts and re-encrypts) of an operand that would exceed the chain's depth.
+
+Because the clear and the encrypted evaluation run the same program through the same bookkeeping,
+the clear run predicts the encrypted run's depth, operation counts and refreshes exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fhe.errors import FheError
+
+
+class DepthExceededError(FheError):
+    pass
+
+
+@dataclass
+class Val:
+    data: Any
+    level: int = 0
+
+
+OPS = ("ct_ct_mul", "ct_pt_mul", "add", "rescale", "rotation", "client_refresh")
+
+
+class Arith:
+    """Counts, levels, stage tags and the refresh rule; subclasses supply ``_mul`` & co."""
+
+    def __init__(self, max_depth: int | None = None, refresh: bool = False) -> None:
+        self.max_depth = max_depth
+        self.refresh = refresh
+        self.tag = "input"
+        self.counts: dict[str, Counter] = defaultdict(Counter)
+        self.timings_s: dict[str, float] = defaultdict(float)
+        self.level_out: dict[str, int] = {}  # tag -> highest level a value reached in it
+        self.level_in: dict[str, int] = {}  # tag -> level of the deepest operand entering it
+
+    # ---------------------------------------------------------------- bookkeeping
+    @contextmanager
+    def stage(self, tag: str) -> Iterator[None]:
+        outer, self.tag = self.tag, tag
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings_s[tag] += time.perf_counter() - start
+            self.tag = outer
+
+    def _count(self, op: str, n: int = 1) -> None:
+        self.counts[self.tag][op] += n
+
+    def _ready(self, v: Val) -> Val:
+        """The operand of a product: refreshed first when one more level would not fit the chain."""
+        self.level_in[self.tag] = max(self.level_in.get(self.tag, 0), v.level)
+        if self.max_depth is None or v.level + 1 <= self.max_depth:
+            return v
+        if not self.refresh:
+            raise DepthExceededError(
+                f"stage {self.tag!r} needs level {v.level + 1}, beyond the chain's depth {self.max_depth}; "
+                "use a larger poly_modulus_degree, fewer approximation steps, or the client-assisted refresh")
+        self._count("client_refresh")
+        v.data, v.level = self._refresh(v.data), 0  # in place: every later use sees the fresh ciphertext
+        return v
+
+    def _out(self, data: Any, level: int) -> Val:
+        self.level_out[self.tag] = max(self.level_out.get(self.tag, 0), level)
+        return Val(data, level)
+
+    # ---------------------------------------------------------------- operations
+    def mul(self, a: Val, b: Val) -> Val:
+        a, b = self._ready(a), self._ready(b)
+        self._count("ct_ct_mul")
+        self._count("rescale")
+        return self._out(self._mul(a.data, b.data), max(a.level, b.level) + 1)
+
+    def square(self, a: Val) -> Val:
+        a = self._ready(a)
+        self._count("ct_ct_mul")
+        self._count("rescale")
+        return self._out(self._square(a.data), a.level + 1)
+
+    def add(self, a: Val, b: Val) -> Val:
+        self._count("add")
+        return self._out(self._add(a.data, b.data), max(a.level, b.level))
+
+    def add_scalar(self, a: Val, c: float) -> Val:
+        if c == 0:
+            return a
+        self._count("add")
+        return self._out(self._add_scalar(a.data, float(c)), a.level)
+
+    def neg(self, a: Val) -> Val:
+        return self._out(self._neg(a.data), a.level)
+
+    def sum(self, vals: Sequence[Val]) -> Val:
+        out = vals[0]
+        for v in vals[1:]:
+            out = self.add(out, v)
+        return out
+
+    def lincomb(self, vals: Sequence[Val], weights: Sequence[float], bias: float = 0.0) -> Val:
+        """Σ wᵢ·xᵢ + b with clear weights: one ct×scalar product per nonzero weight, one level."""
+        pairs = [(v, float(w)) for v, w in zip(vals, weights, strict=True) if w != 0]
+        if not pairs:  # an all-zero row still yields a ciphertext at the expected level
+            pairs = [(vals[0], 0.0)]
+        terms = []
+        for v, w in pairs:
+            v = self._ready(v)
+            self._count("ct_pt_mul")
+            self._count("rescale")
+            terms.append(Val(self._mul_scalar(v.data, w), v.level + 1))
+        out = self.sum(terms)
+        return self._out(self.add_scalar(out, bias).data, out.level)
+
+    # ---------------------------------------------------------------- subclass hooks
+    def _mul(self, a, b):
+        raise NotImplementedError
+
+    def _square(self, a):
+        return self._mul(a, a)
+
+    def _add(self, a, b):
+        raise NotImplementedError
+
+    def _add_scalar(self, a, c: float):
+        raise NotImplementedError
+
+    def _neg(self, a):
+        raise NotImplementedError
+
+    def _mul_scalar(self, a, c: float):
+        raise NotImplementedError
+
+    def _refresh(self, a):
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- reporting
+    def summary(self) -> dict:
+        totals = Counter()
+        for c in self.counts.values():
+            totals.update(c)
+        return {
+            "op_counts": {op: int(totals.get(op, 0)) for op in OPS},
+            "op_counts_per_tag": {t: {op: int(n) for op, n in c.items()} for t, c in self.counts.items()},
+            "depth": max(self.level_out.values(), default=0),
+            "level_after_tag": dict(self.level_out),
+        }
+
+
+class ClearArith(Arith):
+    """The clear reference: numpy float64 arrays over the batch; exact arithmetic, same bookkeeping."""
+
+    def __init__(self, max_depth: int | None = None, refresh: bool = False) -> None:
+        super().__init__(max_depth, refresh)
+        self.ranges: dict[str, tuple[float, float]] = {}  # input range of each approximated op
+        self.outside: dict[str, int] = {}  # values that fell outside the op's calibrated interval
+
+    def encode(self, x: np.ndarray) -> Val:
+        return Val(np.asarray(x, dtype=np.float64), 0)
+
+    def _mul(self, a, b):
+        return a * b
+
+    def _add(self, a, b):
+        return a + b
+
+    def _add_scalar(self, a, c):
+        return a + c
+
+    def _neg(self, a):
+        return -a
+
+    def _mul_scalar(self, a, c):
+        return a * c
+
+    def _refresh(self, a):
+        return a
