@@ -38,6 +38,11 @@ def main() -> None:
 @click.option("--limit", type=int, default=None, help="Use only the first N training samples.")
 @click.option("--range-loss", "range_loss", type=float, default=0.0, show_default=True,
               help="Weight of the PowerSoftmax range loss (Eq. 9).")
+@click.option("--act-range-loss", "act_range_loss", type=float, default=0.0, show_default=True,
+              help="Weight of the activation range loss (max |FFN activation input|; narrows CKKS polynomial fits).")
+@click.option("--init", "init_path", type=click.Path(path_type=Path), default=None,
+              help="Start from this model.pt (e.g. range-minimisation fine-tuning, PowerSoftmax Alg. 1 step 2); "
+              "its architecture is kept, except --power-form.")
 @click.option("--power-form", type=click.Choice(["stable", "length-agnostic"]), default="stable", show_default=True,
               help="PowerSoftmax training form: stable (Eqs. 5-6) or the polynomial model's length-agnostic form "
               "with ε (Eq. 7), whose division interval ε bounds from below (for --scheme ckks).")
@@ -49,7 +54,7 @@ def main() -> None:
               help="Also write the training summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed, norm, ffn_activation, seq_len,
-          data_dir, limit, range_loss, power_form, qat_bits, qat_epochs, output, json_path, quiet) -> None:
+          data_dir, limit, range_loss, act_range_loss, init_path, power_form, qat_bits, qat_epochs, output, json_path, quiet) -> None:
     """Train a model on a task and save config + weights to OUTPUT."""
     import torch
 
@@ -70,10 +75,22 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
             n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation, power_form=power_form)
         train_config = TrainConfig(epochs=preset.epochs if epochs is None else epochs,
                                    batch_size=batch_size or preset.batch_size, lr=lr or preset.lr, seed=seed,
-                                   range_loss_weight=range_loss)
+                                   range_loss_weight=range_loss, act_range_loss_weight=act_range_loss)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    result = run_training(model_config, data, train_config, progress=not quiet)
+    init_model = None
+    if init_path is not None:
+        from models.training import load_checkpoint
+        from models.transformer import Transformer
+
+        try:
+            base = load_checkpoint(init_path).model
+        except (FileNotFoundError, ValueError) as exc:
+            raise click.UsageError(str(exc)) from exc
+        model_config = base.config.replace(power_form=power_form)
+        init_model = Transformer(model_config)
+        init_model.load_state_dict(base.state_dict())
+    result = run_training(model_config, data, train_config, progress=not quiet, model=init_model)
     extra = {"train": train_config.__dict__, "history": result.history}
     if qat_bits is not None:
         from quant.qat import prepare_qat, strip_qat
@@ -208,11 +225,6 @@ def evaluate(model_path, data_dir) -> None:
 SCHEMES = ["tfhe", "ckks"]
 
 
-def _require_tfhe(scheme: str) -> None:
-    if scheme == "ckks":
-        raise click.ClickException("the CKKS backend (TenSEAL) is not implemented yet (issue 5); use --scheme tfhe")
-
-
 def _tfhe_params(n_bits, rounding_bits, p_error, global_p_error, inputset):
     from fhe.schemes import TfheParams
 
@@ -255,10 +267,64 @@ def fhe_options(fn):
         click.option("--inputset", type=int, default=500, show_default=True,
                      help="Calibration samples Concrete evaluates when compiling."),
         click.option("--data-dir", type=click.Path(path_type=Path), default=None),
+        # CKKS
+        click.option("--poly-modulus-degree", type=click.Choice(["8192", "16384", "32768"]), default=None,
+                     help="CKKS ring size (default: the smallest whose 128-bit chain holds the program's depth)."),
+        click.option("--scale-bits", type=int, default=40, show_default=True, help="CKKS scale 2^bits."),
+        click.option("--refresh", is_flag=True,
+                     help="CKKS: allow client-assisted refreshes (the data owner decrypts and re-encrypts "
+                     "ciphertexts that run out of levels). Off by default; counted in the report."),
+        click.option("--reciprocal-tol", type=float, default=1e-2, show_default=True,
+                     help="CKKS: relative error of the Goldschmidt 1/x (sets the iteration count)."),
+        click.option("--activation-tol", type=float, default=2e-2, show_default=True,
+                     help="CKKS: max error of the GELU/ReLU polynomial on its interval (sets the degree)."),
+        click.option("--max-degree", type=int, default=31, show_default=True, help="CKKS: activation degree cap."),
+        click.option("--margin", type=float, default=0.2, show_default=True,
+                     help="CKKS: widen calibrated intervals by this fraction of their width on each side."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+def _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
+                  activation_tol, max_degree, margin):
+    from fhe.ckks import ApproxConfig, PolynomialError
+    from fhe.ckks.approx import ApproximationError
+    from fhe.ckks.planner import DepthError
+    from fhe.harness import compile_model
+    from fhe.schemes import CkksParams
+
+    ckpt, data = load_model_and_task(model_path, data_dir)
+    try:
+        params = CkksParams(poly_modulus_degree=int(poly_modulus_degree) if poly_modulus_degree else None,
+                            scale_bits=scale_bits, refresh=refresh,
+                            approx=ApproxConfig(reciprocal_tol=reciprocal_tol, activation_tol=activation_tol,
+                                                max_degree=max_degree, margin=margin))
+        compiled = compile_model(ckpt.model, data.x_train[:n_calib], params,
+                                 meta={"model_path": str(model_path), "task": ckpt.task["name"]})
+    except (PolynomialError, ApproximationError, DepthError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    return ckpt, data, compiled
+
+
+def print_ckks_report(rep: dict) -> None:
+    rows = [("scheme", rep["scheme"]), ("layout", rep["layout"]), ("seq_len", rep["seq_len"]),
+            ("depth", rep["depth"]), ("poly_modulus_degree", rep["poly_modulus_degree"]),
+            ("coeff_mod_bit_sizes", rep["coeff_mod_bit_sizes"]), ("scale_bits", rep["scale_bits"]),
+            ("security_bits", rep["security_bits"]), ("slots (samples per ciphertext)", rep["slots"]),
+            ("client-assisted refresh", rep["client_assisted_refresh"])]
+    rows += [(f"ops.{k}", v) for k, v in rep["op_counts"].items()]
+    rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
+    rows += [(f"time.{k} (s)", f"{v:.3f}") for k, v in rep["timings_s"].items()]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        click.echo(f"  {k:<{width}}  {v}")
+    click.echo("  level after each stage: " + ", ".join(f"{t} {d}" for t, d in rep["depth_per_tag"].items()))
+    for name, op in rep["approximations"].items():
+        detail = (f"{op['iterations']} iterations" if "iterations" in op else
+                  f"degree {op['degree']}, max error {op['max_error']:.3g}")
+        click.echo(f"  {name}: calibrated [{op['calibrated'][0]:.4g}, {op['calibrated'][1]:.4g}], {detail}")
 
 
 def print_report(rep: dict) -> None:
@@ -282,9 +348,13 @@ def print_report(rep: dict) -> None:
               help="Write client/ (with secret keys) and server/ (circuit + evaluation keys only) artifacts.")
 @click.option("--no-run", is_flag=True, help="Skip keygen and the timing run of one encrypted sample.")
 def compile_cmd(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_error, global_p_error, n_calib,
-                inputset, data_dir, json_path, out_dir, no_run) -> None:
+                inputset, data_dir, poly_modulus_degree, scale_bits, refresh, reciprocal_tol, activation_tol, max_degree,
+                margin, json_path, out_dir, no_run) -> None:
     """Compile MODEL_PATH into an encrypted program and print its cost report."""
-    _require_tfhe(scheme)
+    if scheme == "ckks":
+        _compile_ckks_cmd(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
+                          activation_tol, max_degree, margin, json_path, out_dir, no_run)
+        return
     click.echo(f"compiling {model_path} for TFHE at {n_bits} bits ...")
     _, data, compiled = _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits or None, p_error,
                                  global_p_error, n_calib, inputset, range_mode=range_mode)
@@ -304,6 +374,28 @@ def compile_cmd(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode,
             compiled.keygen()
         paths = compiled.save(out_dir, include_secret_key=True)
         click.echo(f"server artifact (no secret key): {paths['server']}; client artifact: {paths['client']}")
+
+
+def _compile_ckks_cmd(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
+                      activation_tol, max_degree, margin, json_path, out_dir, no_run) -> None:
+    click.echo(f"compiling {model_path} for CKKS (polynomial program) ...")
+    _, data, compiled = _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh,
+                                      reciprocal_tol, activation_tol, max_degree, margin)
+    if not no_run or out_dir:
+        compiled.keygen()
+    if not no_run:
+        click.echo("running one encrypted test sample ...")
+        x = data.x_test[:1]
+        got, want = compiled.encrypt_run_decrypt(x), compiled.simulate(x)
+        click.echo(f"encrypted vs clear polynomial program: max |error| {np.abs(got - want).max():.2e}")
+    rep = compiled.report()
+    print_ckks_report(rep)
+    if json_path:
+        json_path.write_text(json.dumps(rep, indent=2))
+    if out_dir:
+        paths = compiled.save(out_dir, include_secret_key=True)
+        click.echo(f"server artifact (public context, no secret key): {paths['server']}; "
+                   f"client artifact: {paths['client']}")
 
 
 @main.command(name="run")
@@ -341,15 +433,20 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
 @click.option("--mode", type=click.Choice(["simulate", "execute"]), default="simulate", show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
 def compare(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_error, global_p_error, n_calib, inputset,
-            data_dir, n_samples, mode, json_path) -> None:
-    """Float vs clear-integer vs simulated/encrypted accuracy and agreement on N test samples."""
+            data_dir, poly_modulus_degree, scale_bits, refresh, reciprocal_tol, activation_tol, max_degree, margin,
+            n_samples, mode, json_path) -> None:
+    """Float vs clear-integer vs simulated/encrypted accuracy and agreement on N test samples
+    (CKKS: float vs clear polynomial program vs encrypted, with output MSE)."""
     import time
 
     from tqdm import tqdm
 
     from models.training import predict
 
-    _require_tfhe(scheme)
+    if scheme == "ckks":
+        _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
+                      activation_tol, max_degree, margin, n_samples, mode, json_path)
+        return
     _, data, compiled = _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits or None, p_error,
                                  global_p_error, n_calib, inputset, simulate_only=mode == "simulate",
                                  range_mode=range_mode)
@@ -380,6 +477,20 @@ def compare(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_e
     }
     for k, v in result.items():
         click.echo(f"{k:>20}: {v}")
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=2))
+
+
+def _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
+                  activation_tol, max_degree, margin, n_samples, mode, json_path) -> None:
+    from fhe.ckks.compare import compare_ckks
+
+    _, data, compiled = _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh,
+                                      reciprocal_tol, activation_tol, max_degree, margin)
+    x, y = data.x_test[:n_samples], data.y_test[:n_samples].numpy()
+    result = compare_ckks(compiled, x, y, execute=mode == "execute", progress=lambda m: click.echo(m, err=True))
+    for k, v in result.items():
+        click.echo(f"{k:>24}: {v}")
     if json_path:
         json_path.write_text(json.dumps(result, indent=2))
 

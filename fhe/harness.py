@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fhe.backends import backend_for
-from fhe.schemes import Scheme, TfheParams
+from fhe.schemes import CkksParams, Scheme, TfheParams
 from models.transformer import Transformer
 from quant import QuantConfig, QuantizedProgram, export
 
@@ -71,15 +71,57 @@ class CompiledModel:
         return self.backend.save(directory, include_secret_key=include_secret_key)
 
 
+@dataclass
+class FloatCompiledModel:
+    """A compiled model whose backend takes floats directly (CKKS: no quantization step).
+
+    Same vocabulary as :class:`CompiledModel`; ``clear`` and ``simulate`` are the clear polynomial
+    program, the exact reference of every encrypted run."""
+
+    model: Transformer
+    backend: Backend
+
+    def encrypt(self, x):
+        return self.backend.encrypt(x)
+
+    def run(self, ct):
+        return self.backend.run(ct)
+
+    def decrypt(self, ct) -> np.ndarray:
+        return self.backend.decrypt(ct)
+
+    def keygen(self, force: bool = False) -> None:
+        self.backend.keygen(force=force)
+
+    def encrypt_run_decrypt(self, x) -> np.ndarray:
+        return self.decrypt(self.run(self.encrypt(x)))
+
+    def simulate(self, x) -> np.ndarray:
+        return self.backend.simulate(x)
+
+    clear = simulate
+
+    def report(self) -> dict:
+        return self.backend.report()
+
+    def save(self, directory, include_secret_key: bool = False) -> dict:
+        return self.backend.save(directory, include_secret_key=include_secret_key)
+
+
 def quant_config_for(params: TfheParams, base: QuantConfig | None = None) -> QuantConfig:
     base = base or QuantConfig()
     return base.replace(n_bits=params.n_bits, rounding_bits=params.rounding_bits)
 
 
-def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams,
+def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams | CkksParams,
                   quant_config: QuantConfig | None = None, simulate_only: bool = False,
-                  meta: dict | None = None) -> CompiledModel:
-    """Quantize ``model`` on ``calib_x`` and compile it for the scheme of ``params``."""
+                  meta: dict | None = None) -> CompiledModel | FloatCompiledModel:
+    """Quantize ``model`` on ``calib_x`` and compile it for the scheme of ``params`` (TFHE), or build
+    and calibrate its polynomial program (CKKS)."""
+    if isinstance(params, CkksParams):
+        backend = backend_for(params).compile(model, calib_x, params,
+                                              meta={"seq_len": model.config.seq_len, **(meta or {})})
+        return FloatCompiledModel(model, backend)
     qconfig = quant_config or quant_config_for(params)
     program = export(model, calib_x, qconfig)
     backend_cls = backend_for(params)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from models.attention.power_softmax import range_loss, set_range_tracking
+from models.attention.power_softmax import activation_range_loss, range_loss, set_range_tracking
 from models.config import TransformerConfig
 from models.tasks import Metric, TaskData, score
 from models.transformer import Transformer
@@ -28,6 +28,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     seed: int = 0
     range_loss_weight: float = 0.0  # PowerSoftmax paper Eq. (9); 0 disables
+    act_range_loss_weight: float = 0.0  # max |activation input| (Alg. 1 step 2); 0 disables
     grad_clip: float = 1.0
 
     def __post_init__(self) -> None:
@@ -78,7 +79,7 @@ def train(model_config: TransformerConfig, task: TaskData, train_config: TrainCo
     steps = max(1, train_config.epochs * math.ceil(n / train_config.batch_size))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     loss_fn = task.loss_fn()
-    use_range = train_config.range_loss_weight > 0
+    use_range = train_config.range_loss_weight > 0 or train_config.act_range_loss_weight > 0
     set_range_tracking(model, use_range)
     history: list[dict] = []
     bar = tqdm(total=steps, desc=f"train {task.name}/{model_config.attention.value}", disable=not progress,
@@ -93,7 +94,8 @@ def train(model_config: TransformerConfig, task: TaskData, train_config: TrainCo
             out = model(task.x_train[idx])
             loss = loss_fn(out, task.y_train[idx])
             if use_range:
-                loss = loss + train_config.range_loss_weight * range_loss(model)
+                loss = (loss + train_config.range_loss_weight * range_loss(model)
+                        + train_config.act_range_loss_weight * activation_range_loss(model))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)

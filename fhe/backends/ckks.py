@@ -170,6 +170,7 @@ class CkksBackend:
             "coeff_mod_bit_sizes": list(self.plan.coeff_mod_bit_sizes), "scale_bits": self.plan.scale_bits,
             "security_bits": self.plan.security_bits, "slots": self.plan.slots,
             "client_assisted_refresh": self.plan.refresh,
+            "program_depth_without_refresh": planned.get("program_depth_without_refresh", planned["depth"]),
             "op_counts": planned["op_counts"], "op_counts_per_tag": planned["op_counts_per_tag"],
             "approximations": {k: {a: b for a, b in v.items() if a != "coeffs"} for k, v in self.program.ops.items()},
             "key_sizes_bytes": dict(self.key_sizes_bytes),

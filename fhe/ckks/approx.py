@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.polynomial import chebyshev as C
+from scipy.special import erf
 
 from fhe.ckks.arith import Arith, ClearArith, Val
 
@@ -122,6 +123,11 @@ def invsqrt_iterations(lo: float, hi: float, tol: float, max_iterations: int) ->
 # ------------------------------------------------------------------------------------ activations
 def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-x))
+
+
+def gelu_exact(x: np.ndarray) -> np.ndarray:
+    """The float model's GELU, 0.5·x·(1 + erf(x/√2)) (used by calibration runs)."""
+    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
 
 
 def gelu_sigmoid(x: np.ndarray) -> np.ndarray:

@@ -82,8 +82,14 @@ class Arith:
         return Val(data, level)
 
     # ---------------------------------------------------------------- operations
+    @staticmethod
+    def _shallow_first(a: Val, b: Val) -> tuple[Val, Val]:
+        """TenSEAL computes ``a op b`` on a copy of ``a`` but mod-switches ``b`` *in place* when ``b`` has
+        more levels left; putting the shallower operand first keeps every operand as it was."""
+        return (a, b) if a.level <= b.level else (b, a)
+
     def mul(self, a: Val, b: Val) -> Val:
-        a, b = self._ready(a), self._ready(b)
+        a, b = self._shallow_first(self._ready(a), self._ready(b))
         self._count("ct_ct_mul")
         self._count("rescale")
         return self._out(self._mul(a.data, b.data), max(a.level, b.level) + 1)
@@ -95,6 +101,7 @@ class Arith:
         return self._out(self._square(a.data), a.level + 1)
 
     def add(self, a: Val, b: Val) -> Val:
+        a, b = self._shallow_first(a, b)
         self._count("add")
         return self._out(self._add(a.data, b.data), max(a.level, b.level))
 

@@ -255,13 +255,12 @@ class PolyProgram:
         gate = self._activation(ar, f"{tag}.gelu", g, Activation.GELU)
         if self.config.norm is NormKind.LAYERNORM:
             u = self._layernorm(ar, f"{tag}.norm_value", u, hidden)
-            gate = self._layernorm(ar, f"{tag}.norm_gate", Affine([(gate, np.eye(len(gate)))], np.zeros(len(gate))),
-                                   hidden)
-        else:
-            gate = Affine([(gate, np.eye(len(gate)))], np.zeros(len(gate)))
+            normed = self._layernorm(ar, f"{tag}.norm_gate", Affine([(gate, np.eye(len(gate)))], np.zeros(len(gate))),
+                                     hidden)
+            with ar.stage(f"{tag}.gate"):
+                gate = normed.materialize(ar)
         with ar.stage(f"{tag}.gate"):
-            uv, gv = u.materialize(ar), gate.materialize(ar)
-            prod = [ar.mul(a, b) for a, b in zip(uv, gv, strict=True)]
+            prod = [ar.mul(a, b) for a, b in zip(u.materialize(ar), gate, strict=True)]
         return Affine([(prod, per_position(w[f"{key}.down.weight"], T))], np.tile(w[f"{key}.down.bias"], T))
 
     def _ffn(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
@@ -278,7 +277,7 @@ class PolyProgram:
             t = u.apply(np.eye(u.size) / op["half"], -op["mid"] / op["half"]).materialize(ar)
             self._observe(ar, name, t)
             if calibrating:
-                f = A.gelu_sigmoid if kind is Activation.GELU else (lambda z: np.maximum(z, 0.0))
+                f = A.gelu_exact if kind is Activation.GELU else (lambda z: np.maximum(z, 0.0))
                 return [Val(f(ti.data), ti.level) for ti in t]
             fit = A.PolyFit(tuple(op["coeffs"]), op["mid"], op["half"], op["max_error"])
             if kind is Activation.GELU:
@@ -327,7 +326,8 @@ def float_inference_form(model: Transformer, x: torch.Tensor) -> np.ndarray:
         for m in mods:
             m.inference_form = True
         model.eval()
-        return model(torch.as_tensor(x, dtype=torch.float32)).double().numpy()
+        dtype = next(model.parameters()).dtype
+        return model(torch.as_tensor(x, dtype=dtype)).double().numpy()
     finally:
         for m, o in zip(mods, old, strict=True):
             m.inference_form = o

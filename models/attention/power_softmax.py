@@ -56,14 +56,22 @@ class PowerSoftmaxAttention(MultiHeadAttention):
         return attn @ v  # (B, nh, T, dh)
 
 
-def range_loss(model: torch.nn.Module) -> Tensor:
-    """L_PowerSoftmax (Eq. 9): the sum over PowerSoftmax layers of max |input| over heads, plus the
-    activation range loss (max |input| of every FFN activation), which narrows the polynomial fits."""
-    terms = [m.last_range for m in model.modules() if hasattr(m, "last_range")]
+def _sum_ranges(model: torch.nn.Module, kind: type | None) -> Tensor:
+    terms = [m.last_range for m in model.modules()
+             if hasattr(m, "last_range") and (isinstance(m, PowerSoftmaxAttention) == (kind is not None))]
     terms = [t for t in terms if t is not None]
-    if not terms:
-        return torch.zeros(())
-    return torch.stack(terms).sum()
+    return torch.stack(terms).sum() if terms else torch.zeros(())
+
+
+def range_loss(model: torch.nn.Module) -> Tensor:
+    """L_PowerSoftmax (Eq. 9): the sum over PowerSoftmax layers of max |input| over heads."""
+    return _sum_ranges(model, PowerSoftmaxAttention)
+
+
+def activation_range_loss(model: torch.nn.Module) -> Tensor:
+    """The activation range loss (Alg. 1 step 2, after Zimerman et al.): the sum over FFN activations
+    of max |input|, which narrows the interval (hence the degree) of the polynomial activation."""
+    return _sum_ranges(model, None)
 
 
 def set_range_tracking(model: torch.nn.Module, enabled: bool) -> None:

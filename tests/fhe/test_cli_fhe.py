@@ -47,7 +47,7 @@ def test_compile_report_and_simulated_comparison(tiny_model, tmp_path):
 
 def test_fhe_commands_fail_clearly(tiny_model, tmp_path):
     res = CliRunner().invoke(main, ["compile", str(tiny_model), "--scheme", "ckks"])
-    assert res.exit_code == 1 and "CKKS backend" in res.output
+    assert res.exit_code == 1 and "no polynomial form" in res.output and "--scheme tfhe" in res.output
     ln = tmp_path / "ln.pt"
     CliRunner().invoke(main, ["train", "--d-model", "4", "--heads", "1", "--epochs", "1", "--quiet", "-o", str(ln)])
     res = CliRunner().invoke(main, ["compile", str(ln)])

@@ -58,6 +58,7 @@ def test_power_softmax_range_loss_tracks_max_score():
 
 def test_power_softmax_inference_form_matches_training_form_when_eps_is_zero():
     model = make(AttentionKind.POWER_SOFTMAX, power_eps=0.0).double().eval()
+    assert model.blocks[0].mixer.inference_eps == 0.0
     x = torch.randn(3, 8, 8, dtype=torch.float64)
     train_form = model(x)
     model.blocks[0].mixer.inference_form = True

@@ -1,0 +1,138 @@
+"""Encrypted CKKS runs (TenSEAL) against the clear polynomial program, and the secret key boundary."""
+
+import json
+
+import numpy as np
+import pytest
+import tenseal as ts
+import torch
+from click.testing import CliRunner
+
+from fhe.ckks import ApproxConfig
+from fhe.cli import main
+from fhe.harness import compile_model
+from fhe.schemes import CkksParams
+
+from ckks_models import tiny
+
+LOOSE = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
+
+
+def compiled(model, **params):
+    calib = torch.randn(300, 4, 3, dtype=torch.float64)
+    return compile_model(model, calib, CkksParams(approx=LOOSE, **params))
+
+
+def assert_matches_clear(cm, n=64):
+    x = torch.randn(n, 4, 3, dtype=torch.float64).numpy()
+    cm.keygen()
+    enc, clear = cm.encrypt_run_decrypt(x), cm.clear(x)
+    assert enc.shape == clear.shape == (n, 3)
+    assert np.max(np.abs(enc - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
+    assert (enc.argmax(1) == clear.argmax(1)).mean() >= 0.98
+    return cm.report()
+
+
+def test_geglu_program_runs_encrypted_without_refresh():
+    cm = compiled(tiny(attention="geglu-only"))
+    rep = assert_matches_clear(cm)
+    assert rep["poly_modulus_degree"] == 16384 and rep["depth"] <= 7 and not rep["client_assisted_refresh"]
+    assert rep["op_counts"]["client_refresh"] == 0 and rep["op_counts"]["rotation"] == 0
+    assert rep["key_sizes_bytes"]["galois_keys"] == 0 and rep["key_sizes_bytes"]["relin_keys"] > 0
+
+
+def test_power_softmax_runs_encrypted_with_a_labelled_refresh():
+    cm = compiled(tiny(power_eps=0.5), poly_modulus_degree=8192, refresh=True)
+    rep = assert_matches_clear(cm)
+    assert rep["client_assisted_refresh"] and rep["op_counts"]["client_refresh"] > 0
+    assert rep["program_depth_without_refresh"] > rep["depth"] == 2
+    assert {"block0.attention.reciprocal", "block0.ffn.gelu"} <= rep["approximations"].keys()
+    assert rep["timings_s"]["run"] > 0 and "stage.block0.attention.scores" in rep["timings_s"]
+
+
+@pytest.mark.slow
+def test_power_softmax_runs_encrypted_non_interactively_at_n32768():
+    rep = assert_matches_clear(compiled(tiny(power_eps=0.5)))
+    assert rep["poly_modulus_degree"] == 32768 and rep["op_counts"]["client_refresh"] == 0
+
+
+def _windows(blob: bytes, size: int = 64, step: int = 997) -> list[bytes]:
+    return [blob[i:i + size] for i in range(0, len(blob) - size, step)]
+
+
+def test_server_artifact_holds_no_secret_key(tmp_path):
+    cm = compiled(tiny(attention="geglu-only"))
+    cm.keygen()
+    paths = cm.save(tmp_path, include_secret_key=True)
+    server_ctx = ts.context_from((paths["server"] / "context.public").read_bytes())
+    assert server_ctx.is_public() and not server_ctx.has_secret_key()
+    # the secret key's bytes: what a secret-key serialisation adds to a parameters-only one
+    ctx = cm.backend.client_ctx
+    bare = ctx.serialize(save_public_key=False, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
+    with_sk = ctx.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
+                            save_relin_keys=False)
+    secret = [w for w in _windows(with_sk) if w not in bare]
+    assert len(secret) > 10
+    server_bytes = b"".join(p.read_bytes() for p in paths["server"].iterdir())
+    client_bytes = (paths["client"] / "context.secret").read_bytes()
+    assert all(w in client_bytes for w in secret)  # the search finds the key where it is ...
+    assert not any(w in server_bytes for w in secret)  # ... and not in the server artifact
+    # the server still computes: a ciphertext linked to the public context runs the program
+    x = torch.randn(4, 4, 3, dtype=torch.float64).numpy()
+    out = cm.backend.run(cm.backend.encrypt(x))
+    assert all(ct.context().is_private() for ct in out)  # decryption happens back on the client
+    np.testing.assert_allclose(cm.backend.decrypt(out), cm.clear(x), atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def ps_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckks") / "ps.pt"
+    res = CliRunner().invoke(main, ["train", "--task", "digits", "--attention", "power-softmax", "--norm", "none",
+                                    "--ffn-activation", "gelu", "--power-form", "length-agnostic", "--d-model",
+                                    "4", "--heads", "1", "--epochs", "3", "--quiet", "-o", str(path)])
+    assert res.exit_code == 0, res.output
+    return path
+
+
+def test_cli_compile_report_and_encrypted_compare(ps_checkpoint, tmp_path):
+    rep_path = tmp_path / "rep.json"
+    res = CliRunner().invoke(main, ["compile", str(ps_checkpoint), "--scheme", "ckks", "--no-run", "--refresh",
+                                    "--poly-modulus-degree", "8192", "--json", str(rep_path)])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(rep_path.read_text())
+    for key in ("scheme", "depth", "depth_per_tag", "poly_modulus_degree", "coeff_mod_bit_sizes", "scale_bits",
+                "security_bits", "op_counts", "key_sizes_bytes", "timings_s", "seq_len"):
+        assert key in rep, key
+    assert rep["scheme"] == "ckks" and rep["seq_len"] == 8 and rep["security_bits"] == 128
+    assert rep["coeff_mod_bit_sizes"] == [60, 40, 40, 60]
+    out = tmp_path / "cmp.json"
+    res = CliRunner().invoke(main, ["compare", str(ps_checkpoint), "--scheme", "ckks", "--mode", "execute", "--n",
+                                    "40", "--refresh", "--poly-modulus-degree", "8192", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    cmp = json.loads(out.read_text())
+    assert cmp["n"] == 40 and cmp["mse_encrypted_vs_clear"]["max_per_sample"] < 1e-4
+    assert cmp["agreement"]["encrypted_vs_poly_clear"] >= 0.95
+    assert set(cmp["accuracy"]) == {"float", "float_inference", "poly_clear", "encrypted"}
+
+
+def test_cli_depth_error_names_the_fix(ps_checkpoint):
+    res = CliRunner().invoke(main, ["compile", str(ps_checkpoint), "--scheme", "ckks", "--no-run",
+                                    "--poly-modulus-degree", "8192"])
+    assert res.exit_code == 1 and "multiplicative depth" in res.output and "--refresh" in res.output
+
+
+def test_operands_keep_their_level_despite_tenseals_in_place_mod_switch():
+    """TenSEAL mod-switches the second operand in place when it has more levels left; the arithmetic
+    orders operands so that no value loses levels behind the bookkeeping's back (regression)."""
+    from fhe.backends.ckks import CkksArith
+    from fhe.ckks import Val
+
+    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=8192, coeff_mod_bit_sizes=[60, 40, 40, 60])
+    ctx.global_scale = 2.0 ** 40
+    ar = CkksArith(max_depth=2)
+    x = Val(ts.ckks_vector(ctx, [0.5, -1.0]), 0)
+    y = ar.lincomb([x], [0.5])  # level 1
+    ar.add(y, x)
+    ar.mul(y, x)  # x second and shallower: TenSEAL alone would switch x down to level 1
+    xx = ar.square(ar.square(x))  # needs x at level 0 still
+    np.testing.assert_allclose(xx.data.decrypt(), [0.0625, 1.0], atol=1e-4)

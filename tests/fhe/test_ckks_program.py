@@ -1,0 +1,136 @@
+"""The CKKS polynomial program in the clear: approximations against the exact functions, the folded
+affine program against the float model, level bookkeeping, the parameter planner, clear errors."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import erf
+
+from fhe.ckks import ApproxConfig, ClearArith, DepthExceededError, PolynomialError, Val, build_program
+from fhe.ckks import approx as A
+from fhe.ckks.planner import DepthError, max_depth, plan_parameters
+from fhe.ckks.program import PolyProgram, float_inference_form
+from ckks_models import tiny
+
+
+# ------------------------------------------------------------------------------ approximations
+def test_goldschmidt_meets_its_error_bound_and_the_closed_form():
+    lo, hi, tol = 0.05, 1.95, 1e-3
+    n = A.goldschmidt_iterations(lo, hi, tol, 20)
+    a = np.linspace(lo, hi, 1001)
+    y = A.goldschmidt_reciprocal(ClearArith(), Val(a), n).data
+    assert np.max(np.abs(a * y - 1)) <= tol
+    np.testing.assert_allclose(a * y, 1 - (1 - a) ** (2 ** (n + 1)), rtol=1e-12)  # 1 − e₀^(2ⁿ⁺¹)
+    assert np.max(np.abs(a * A.goldschmidt_reciprocal(ClearArith(), Val(a), n - 1).data - 1)) > tol  # n is minimal
+
+
+def test_goldschmidt_rejects_bad_intervals():
+    with pytest.raises(A.ApproximationError, match="positive interval"):
+        A.goldschmidt_iterations(0.0, 1.0, 1e-2, 20)
+    with pytest.raises(A.ApproximationError, match="range-loss"):
+        A.goldschmidt_iterations(1e-9, 2.0, 1e-6, 5)
+
+
+def test_newton_inverse_sqrt_meets_tolerance():
+    lo, hi = 0.02, 1.0
+    n = A.invsqrt_iterations(lo, hi, 1e-3, 20)
+    z = np.random.uniform(lo, hi, 500)
+    y = A.newton_invsqrt(ClearArith(), Val(z), A._invsqrt_guess(lo, hi), n).data
+    assert np.max(np.abs(y * np.sqrt(z) - 1)) <= 1e-3
+
+
+def test_gelu_fit_follows_eq10_and_is_close_to_erf_gelu():
+    fit = A.gelu_fit(-4.0, 5.0, 1e-2, 31)
+    x = np.linspace(-4, 5, 777)
+    t = (x - fit.mid) / fit.half
+    got = A.gelu_eval(ClearArith(), Val(t), fit).data
+    assert np.max(np.abs(got - x / (1 + np.exp(-1.702 * x)))) <= 1e-2  # Eq. 10, computed naively
+    assert np.max(np.abs(got - 0.5 * x * (1 + erf(x / math.sqrt(2))))) <= 0.03  # Eq. 10 vs exact GELU
+    with pytest.raises(A.ApproximationError, match="degree"):
+        A.gelu_fit(-4.0, 5.0, 1e-2, 3)
+
+
+def test_poly_eval_value_and_depth():
+    coeffs = (0.5, -1.0, 0.25, 0.0, 2.0, 0.0, 0.0, 0.0, -0.125)
+    t = np.linspace(-1, 1, 101)
+    ar = ClearArith()
+    out = A.poly_eval(ar, Val(t), coeffs)
+    np.testing.assert_allclose(out.data, np.polynomial.polynomial.polyval(t, coeffs), atol=1e-12)
+    assert out.level == math.ceil(math.log2(8)) + 1  # t⁸ at depth 3, then the clear-weighted sum
+    assert A.power_even(ClearArith(), Val(t), 4).level == 2
+
+
+# ------------------------------------------------------------------------------ levels
+def test_levels_and_refresh_rule():
+    ar = ClearArith(max_depth=2)
+    x = Val(np.ones(3))
+    y = ar.lincomb([x, x], [0.5, 0.25], 1.0)
+    assert y.level == 1 and np.allclose(y.data, 1.75)
+    z = ar.square(y)
+    assert z.level == 2
+    with pytest.raises(DepthExceededError, match="refresh"):
+        ar.mul(z, y)
+    ar = ClearArith(max_depth=2, refresh=True)
+    z = Val(np.full(3, 2.0), 2)
+    w = ar.mul(z, z)
+    assert w.level == 1 and np.allclose(w.data, 4.0) and ar.summary()["op_counts"]["client_refresh"] == 1
+
+
+# ------------------------------------------------------------------------------ planner
+def test_planner_depths_match_the_128_bit_table():
+    assert [max_depth(n, 40) for n in (8192, 16384, 32768)] == [2, 7, 19]
+    plan = plan_parameters(5)
+    assert plan.poly_modulus_degree == 16384 and plan.coeff_mod_bit_sizes == (60, 40, 40, 40, 40, 40, 60)
+    assert plan_parameters(19).poly_modulus_degree == 32768
+    with pytest.raises(DepthError, match=r"depth 25.*attn 20.*--refresh"):
+        plan_parameters(25, depth_per_tag={"attn": 20, "head": 25})
+    refreshed = plan_parameters(25, refresh=True)
+    assert refreshed.refresh and refreshed.depth == 7 and refreshed.poly_modulus_degree == 16384
+
+
+# ------------------------------------------------------------------------------ the program
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"power_form": "stable"},
+    {"norm": "layernorm"},
+    {"ffn_activation": "relu", "n_layers": 2},
+    {"attention": "activator", "ffn_activation": "relu"},
+    {"attention": "geglu-only", "norm": "layernorm"},
+])
+def test_exact_program_equals_the_float_inference_form(overrides):
+    """With exact non-linear functions (calibration mode) the folded affine program is the model."""
+    model = tiny(**overrides)
+    x = torch.randn(16, 4, 3, dtype=torch.float64)
+    program = PolyProgram(model.config, {k: v.detach().double().numpy() for k, v in model.state_dict().items()})
+    got = program.clear(x.numpy())
+    np.testing.assert_allclose(got, float_inference_form(model, x), atol=1e-9)
+
+
+def test_polynomial_program_tracks_the_float_model():
+    model = tiny(norm="layernorm")
+    calib, test = torch.randn(400, 4, 3, dtype=torch.float64), torch.randn(200, 4, 3, dtype=torch.float64)
+    program = build_program(model, calib, ApproxConfig(reciprocal_tol=1e-3, activation_tol=1e-3, invsqrt_tol=1e-3))
+    assert {op["kind"] for op in program.ops.values()} == {"reciprocal", "gelu", "invsqrt"}
+    ar = ClearArith()
+    got = program.clear(test.numpy(), ar)
+    ref = float_inference_form(model, test)
+    assert np.mean((got - ref) ** 2) < 1e-4
+    assert sum(ar.outside.values()) <= 0.01 * len(test)  # held-out values stay inside the widened intervals
+    ar = ClearArith()
+    with np.errstate(all="ignore"):  # polynomials far outside their interval overflow, as they should
+        program.clear(10 * test.numpy(), ar)
+    assert sum(ar.outside.values()) > 0  # and inputs far outside calibration are counted
+
+
+@pytest.mark.parametrize("kind,match", [("dot-product", "softmax"), ("inhibitor", "--scheme tfhe"),
+                                        ("dct", "DCT")])
+def test_models_without_a_polynomial_form_fail_clearly(kind, match):
+    with pytest.raises(PolynomialError, match=match):
+        build_program(tiny(attention=kind), torch.randn(8, 4, 3))
+
+
+def test_token_inputs_fail_clearly():
+    with pytest.raises(PolynomialError, match="embedding lookup"):
+        build_program(tiny(input_kind="tokens", in_features=20), torch.randint(0, 20, (8, 4)))
