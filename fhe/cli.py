@@ -40,9 +40,15 @@ def main() -> None:
               help="Weight of the PowerSoftmax range loss (Eq. 9).")
 @click.option("--act-range-loss", "act_range_loss", type=float, default=0.0, show_default=True,
               help="Weight of the activation range loss (max |FFN activation input|; narrows CKKS polynomial fits).")
+@click.option("--range-threshold", type=float, default=0.0, show_default=True,
+              help="Hinge for the range losses: penalise max |PowerSoftmax input| only beyond this (0: Eq. 9).")
+@click.option("--act-range-threshold", type=float, default=0.0, show_default=True,
+              help="Hinge for the activation range loss.")
 @click.option("--init", "init_path", type=click.Path(path_type=Path), default=None,
               help="Start from this model.pt (e.g. range-minimisation fine-tuning, PowerSoftmax Alg. 1 step 2); "
               "its architecture is kept, except --power-form.")
+@click.option("--power-eps", type=float, default=1e-3, show_default=True,
+              help="PowerSoftmax ε (Eq. 5); in the length-agnostic form it bounds the CKKS division interval below.")
 @click.option("--power-form", type=click.Choice(["stable", "length-agnostic"]), default="stable", show_default=True,
               help="PowerSoftmax training form: stable (Eqs. 5-6) or the polynomial model's length-agnostic form "
               "with ε (Eq. 7), whose division interval ε bounds from below (for --scheme ckks).")
@@ -54,7 +60,8 @@ def main() -> None:
               help="Also write the training summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed, norm, ffn_activation, seq_len,
-          data_dir, limit, range_loss, act_range_loss, init_path, power_form, qat_bits, qat_epochs, output, json_path, quiet) -> None:
+          data_dir, limit, range_loss, act_range_loss, range_threshold, act_range_threshold, init_path, power_eps,
+          power_form, qat_bits, qat_epochs, output, json_path, quiet) -> None:
     """Train a model on a task and save config + weights to OUTPUT."""
     import torch
 
@@ -72,10 +79,12 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
     try:
         model_config = config_for_task(
             data, attention=attention, d_model=d_model or preset.d_model, n_heads=heads or preset.n_heads,
-            n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation, power_form=power_form)
+            n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation, power_form=power_form,
+            power_eps=power_eps)
         train_config = TrainConfig(epochs=preset.epochs if epochs is None else epochs,
                                    batch_size=batch_size or preset.batch_size, lr=lr or preset.lr, seed=seed,
-                                   range_loss_weight=range_loss, act_range_loss_weight=act_range_loss)
+                                   range_loss_weight=range_loss, act_range_loss_weight=act_range_loss,
+                                   range_threshold=range_threshold, act_range_threshold=act_range_threshold)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     init_model = None
@@ -87,7 +96,7 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
             base = load_checkpoint(init_path).model
         except (FileNotFoundError, ValueError) as exc:
             raise click.UsageError(str(exc)) from exc
-        model_config = base.config.replace(power_form=power_form)
+        model_config = base.config.replace(power_form=power_form, power_eps=power_eps)
         init_model = Transformer(model_config)
         init_model.load_state_dict(base.state_dict())
     result = run_training(model_config, data, train_config, progress=not quiet, model=init_model)
@@ -348,8 +357,8 @@ def print_report(rep: dict) -> None:
               help="Write client/ (with secret keys) and server/ (circuit + evaluation keys only) artifacts.")
 @click.option("--no-run", is_flag=True, help="Skip keygen and the timing run of one encrypted sample.")
 def compile_cmd(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_error, global_p_error, n_calib,
-                inputset, data_dir, poly_modulus_degree, scale_bits, refresh, reciprocal_tol, activation_tol, max_degree,
-                margin, json_path, out_dir, no_run) -> None:
+                inputset, data_dir, poly_modulus_degree, scale_bits, refresh, reciprocal_tol, activation_tol,
+                max_degree, margin, json_path, out_dir, no_run) -> None:
     """Compile MODEL_PATH into an encrypted program and print its cost report."""
     if scheme == "ckks":
         _compile_ckks_cmd(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from dataclasses import field
+from dataclasses import dataclass, field
 from enum import Enum
 
 from fhe.ckks.approx import ApproxConfig

@@ -26,10 +26,11 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(config.ffn_dim, config.d_model)
         self.drop = nn.Dropout(config.dropout)
         self.track_range = False  # activation range loss (PowerSoftmax paper, Alg. 1 step 2)
+        self.range_threshold = 0.0
         self.last_range: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         u = self.fc1(x)
         if self.track_range:
-            self.last_range = u.abs().flatten(1).amax(dim=1).mean()
+            self.last_range = (u.abs().flatten(1).amax(dim=1) - self.range_threshold).clamp_min(0).mean()
         return self.drop(self.fc2(self.act(u)))

@@ -29,6 +29,8 @@ class TrainConfig:
     seed: int = 0
     range_loss_weight: float = 0.0  # PowerSoftmax paper Eq. (9); 0 disables
     act_range_loss_weight: float = 0.0  # max |activation input| (Alg. 1 step 2); 0 disables
+    range_threshold: float = 0.0  # hinge: penalise max |score| only beyond this (0: Eq. 9 as printed)
+    act_range_threshold: float = 0.0
     grad_clip: float = 1.0
 
     def __post_init__(self) -> None:
@@ -80,7 +82,8 @@ def train(model_config: TransformerConfig, task: TaskData, train_config: TrainCo
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     loss_fn = task.loss_fn()
     use_range = train_config.range_loss_weight > 0 or train_config.act_range_loss_weight > 0
-    set_range_tracking(model, use_range)
+    thresholds = (train_config.range_threshold, train_config.act_range_threshold)
+    set_range_tracking(model, use_range, *thresholds)
     history: list[dict] = []
     bar = tqdm(total=steps, desc=f"train {task.name}/{model_config.attention.value}", disable=not progress,
                leave=False, unit="step")
@@ -106,7 +109,7 @@ def train(model_config: TransformerConfig, task: TaskData, train_config: TrainCo
             bar.set_postfix(loss=f"{loss.item():.4f}")
         set_range_tracking(model, False)
         test = evaluate(model, task)
-        set_range_tracking(model, use_range)
+        set_range_tracking(model, use_range, *thresholds)
         history.append({"epoch": epoch + 1, "train_loss": total / n, f"test_{task.metric.value}": test})
     bar.close()
     set_range_tracking(model, False)

@@ -4,7 +4,7 @@ arithmetic interface over clear numpy arrays or TenSEAL ciphertexts (no TenSEAL 
 from fhe.ckks.approx import ApproxConfig
 from fhe.ckks.arith import Arith, ClearArith, DepthExceededError, Val
 from fhe.ckks.planner import CkksPlan, plan_parameters
-from fhe.ckks.program import PolyProgram, PolynomialError, build_program
+from fhe.ckks.program import PolynomialError, PolyProgram, build_program
 
 __all__ = ["ApproxConfig", "Arith", "ClearArith", "CkksPlan", "DepthExceededError", "PolyProgram",
            "PolynomialError", "Val", "build_program", "plan_parameters"]

@@ -54,7 +54,8 @@ def compare_ckks(compiled, x: torch.Tensor, y: np.ndarray, execute: bool = True,
                            for a, b in (("encrypted", "poly_clear"), ("poly_clear", "float_inference"),
                                         ("poly_clear", "float")) if a in preds and b in preds}
     result["mse_poly_vs_float_inference"] = float(((outputs["poly_clear"] - outputs["float_inference"]) ** 2).mean())
-    result["accuracy_drop_poly_vs_float_points"] = 100 * (result["accuracy"]["float"] - result["accuracy"]["poly_clear"])
+    acc = result["accuracy"]
+    result["accuracy_drop_poly_vs_float_points"] = 100 * (acc["float"] - acc["poly_clear"])
     result["values_outside_calibrated_intervals"] = dict(ar.outside)
     rep = backend.report()
     result.update({k: rep[k] for k in ("depth", "poly_modulus_degree", "coeff_mod_bit_sizes", "op_counts")})

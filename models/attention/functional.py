@@ -139,13 +139,15 @@ def power_softmax(
     return xp / (eps + xp.sum(dim=-1, keepdim=True))  # Eqs. (2), (5)
 
 
-def power_softmax_range(scores: Tensor) -> Tensor:
+def power_softmax_range(scores: Tensor, threshold: float = 0.0) -> Tensor:
     """max_c |z_c| for one layer's PowerSoftmax inputs ``(B, C, T, T)``: the summand of Eq. (9).
 
     Returns the batch mean of the per-example maximum over heads and positions; summing this over
-    layers gives the range loss L_PowerSoftmax.
+    layers gives the range loss L_PowerSoftmax. ``threshold`` > 0 turns it into a hinge, (max − t)⁺,
+    which only penalises ranges beyond what the polynomial approximation was sized for (with 0 it is
+    Eq. 9 exactly).
     """
-    return scores.abs().flatten(1).amax(dim=1).mean()
+    return (scores.abs().flatten(1).amax(dim=1) - threshold).clamp_min(0).mean()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ class PowerSoftmaxAttention(MultiHeadAttention):
         self.form = config.power_form
         self.inference_form = False
         self.track_range = False
+        self.range_threshold = 0.0
         self.last_range: Tensor | None = None
 
     @property
@@ -48,7 +49,7 @@ class PowerSoftmaxAttention(MultiHeadAttention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, nh, T, T)
         if self.track_range:
-            self.last_range = AF.power_softmax_range(scores)  # Eq. (9) summand
+            self.last_range = AF.power_softmax_range(scores, self.range_threshold)  # Eq. (9) summand
         if self.form == "length-agnostic" or self.inference_form:
             attn = AF.power_softmax(scores, self.p, self.inference_eps, length_agnostic=True)  # Eq. (7)
         else:
@@ -74,8 +75,11 @@ def activation_range_loss(model: torch.nn.Module) -> Tensor:
     return _sum_ranges(model, None)
 
 
-def set_range_tracking(model: torch.nn.Module, enabled: bool) -> None:
+def set_range_tracking(model: torch.nn.Module, enabled: bool, threshold: float = 0.0,
+                       act_threshold: float = 0.0) -> None:
+    """Record ranges on the next forward; thresholds turn the losses into hinges (see power_softmax_range)."""
     for m in model.modules():
         if hasattr(m, "track_range"):
             m.track_range = enabled
+            m.range_threshold = threshold if isinstance(m, PowerSoftmaxAttention) else act_threshold
             m.last_range = None

@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import tenseal as ts
 import torch
+from ckks_models import tiny
 from click.testing import CliRunner
 
 from fhe.ckks import ApproxConfig
 from fhe.cli import main
 from fhe.harness import compile_model
 from fhe.schemes import CkksParams
-
-from ckks_models import tiny
 
 LOOSE = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
 

@@ -6,13 +6,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from ckks_models import tiny
 from scipy.special import erf
 
 from fhe.ckks import ApproxConfig, ClearArith, DepthExceededError, PolynomialError, Val, build_program
 from fhe.ckks import approx as A
 from fhe.ckks.planner import DepthError, max_depth, plan_parameters
 from fhe.ckks.program import PolyProgram, float_inference_form
-from ckks_models import tiny
 
 
 # ------------------------------------------------------------------------------ approximations

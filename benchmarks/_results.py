@@ -1,0 +1,22 @@
+"""One place that writes ``benchmarks/results/<stem>.md`` and ``.json`` (each Markdown file starts with
+the command that produced it)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def command_line() -> str:
+    return "python " + " ".join([Path(sys.argv[0]).as_posix().split("/work/main/")[-1], *sys.argv[1:]])
+
+
+def write_results(stem: str, markdown_lines: list[str], data) -> dict[str, Path]:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    md, js = RESULTS / f"{stem}.md", RESULTS / f"{stem}.json"
+    md.write_text("\n".join(markdown_lines) + "\n")
+    js.write_text(json.dumps(data, indent=2, default=float))
+    return {"md": md, "json": js}
