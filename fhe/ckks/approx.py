@@ -35,7 +35,8 @@ class ApproxConfig:
     """Accuracy targets of the approximations and the safety margin around calibrated intervals.
 
     ``margin`` widens every calibrated interval by that fraction of its width on each side (values
-    the calibration set did not reach still converge).
+    the calibration set did not reach still converge); ``reciprocal_headroom`` (see
+    :func:`goldschmidt_scale`) keeps extra room above the division's interval.
     """
 
     reciprocal_tol: float = 1e-2  # relative error of Goldschmidt 1/x
@@ -44,11 +45,14 @@ class ApproxConfig:
     max_degree: int = 31
     max_iterations: int = 20
     margin: float = 0.2
+    reciprocal_headroom: float = 2.0  # < 2 trades depth for convergence beyond the calibrated interval
 
     def __post_init__(self) -> None:
         for name in ("reciprocal_tol", "invsqrt_tol", "activation_tol"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
+        if not 1 < self.reciprocal_headroom <= 2:
+            raise ValueError(f"reciprocal_headroom must be in (1, 2], got {self.reciprocal_headroom}")
         if self.max_degree < 1 or self.max_iterations < 1 or self.margin < 0:
             raise ValueError(f"invalid approximation settings: {self}")
 
@@ -62,11 +66,20 @@ def widen(lo: float, hi: float, margin: float, positive: bool = False) -> tuple[
 
 
 # ---------------------------------------------------------------------------------------------- 1/x
+def goldschmidt_scale(lo: float, hi: float, headroom: float = 2.0) -> float:
+    """D such that a/D covers [lo, hi] around 1 (the midpoint: fewest iterations) but ends at most at
+    ``headroom`` < 2: Goldschmidt diverges for a/D ≥ 2, so with headroom 1.5 an input a third above
+    the (already widened) interval still converges instead of exploding, for a little more depth."""
+    return max((lo + hi) / 2, hi / headroom)
+
+
 def goldschmidt_iterations(lo: float, hi: float, tol: float, max_iterations: int) -> int:
-    """Smallest n with r^(2ⁿ⁺¹) ≤ tol, r = (hi − lo)/(hi + lo): a scaled to [lo, hi]/((lo + hi)/2)."""
+    """Smallest n with r^(2ⁿ⁺¹) ≤ tol, r = max |1 − a| over the scaled interval [lo, hi]."""
     if not 0 < lo <= hi:
         raise ApproximationError(f"Goldschmidt 1/x needs a positive interval, got [{lo:.3g}, {hi:.3g}]")
-    r = (hi - lo) / (hi + lo)
+    r = max(1 - lo, hi - 1)
+    if r >= 1:
+        raise ApproximationError(f"Goldschmidt 1/x does not converge on [{lo:.3g}, {hi:.3g}] (needs (0, 2))")
     if r == 0:
         return 0
     n = max(0, math.ceil(math.log2(math.log(tol) / math.log(r))) - 1)

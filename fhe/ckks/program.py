@@ -145,7 +145,7 @@ class PolyProgram:
             kind = name.rsplit(".", 1)[-1]
             if kind == "reciprocal":
                 lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
-                scale = (lo_w + hi_w) / 2
+                scale = A.goldschmidt_scale(lo_w, hi_w, ap.reciprocal_headroom)
                 n = A.goldschmidt_iterations(lo_w / scale, hi_w / scale, cfg.reciprocal_tol, cfg.max_iterations)
                 self.ops[name] = {"kind": kind, "calibrated": [lo, hi], "scale": scale,
                                   "interval": [lo_w / scale, hi_w / scale], "iterations": n}

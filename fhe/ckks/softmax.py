@@ -47,6 +47,7 @@ class SoftmaxKernel:
     eps: float = 0.05
     rounds: int = 5  # square strategy: exp(x) ≈ (1 + x/2^rounds)^(2^rounds)
     margin: float = 0.2
+    headroom: float = 2.0
     consts: dict = field(default_factory=dict)
 
     # -------------------------------------------------------------- calibration
@@ -56,7 +57,7 @@ class SoftmaxKernel:
         ranges = self._ranges(rows)
         for name, (lo, hi) in ranges.items():
             lo_w, hi_w = A.widen(lo, hi, self.margin, positive=True)
-            scale = (lo_w + hi_w) / 2
+            scale = A.goldschmidt_scale(lo_w, hi_w, self.headroom)
             n = A.goldschmidt_iterations(lo_w / scale, hi_w / scale, self.tol, 30)
             self.consts[name] = {"scale": scale, "iterations": n, "calibrated": [lo, hi]}
         return self

@@ -19,6 +19,7 @@ from fhe.ckks.program import PolyProgram, float_inference_form
 def test_goldschmidt_meets_its_error_bound_and_the_closed_form():
     lo, hi, tol = 0.05, 1.95, 1e-3
     n = A.goldschmidt_iterations(lo, hi, tol, 20)
+    assert A.goldschmidt_scale(1.0, 3.0) == 2.0 and A.goldschmidt_scale(0.1, 3.0, headroom=1.5) == 2.0
     a = np.linspace(lo, hi, 1001)
     y = A.goldschmidt_reciprocal(ClearArith(), Val(a), n).data
     assert np.max(np.abs(a * y - 1)) <= tol
@@ -30,7 +31,9 @@ def test_goldschmidt_rejects_bad_intervals():
     with pytest.raises(A.ApproximationError, match="positive interval"):
         A.goldschmidt_iterations(0.0, 1.0, 1e-2, 20)
     with pytest.raises(A.ApproximationError, match="range-loss"):
-        A.goldschmidt_iterations(1e-9, 2.0, 1e-6, 5)
+        A.goldschmidt_iterations(1e-9, 1.9, 1e-6, 5)
+    with pytest.raises(A.ApproximationError, match="does not converge"):
+        A.goldschmidt_iterations(1e-9, 2.5, 1e-2, 20)
 
 
 def test_newton_inverse_sqrt_meets_tolerance():
@@ -134,3 +137,31 @@ def test_models_without_a_polynomial_form_fail_clearly(kind, match):
 def test_token_inputs_fail_clearly():
     with pytest.raises(PolynomialError, match="embedding lookup"):
         build_program(tiny(input_kind="tokens", in_features=20), torch.randint(0, 20, (8, 4)))
+
+
+# ------------------------------------------------------------------------------ softmax kernels
+def test_softmax_kernels_against_exact_functions():
+    from fhe.ckks.softmax import SoftmaxKernel, exact_power_softmax, exact_softmax
+
+    rng = np.random.default_rng(1)
+    rows = rng.normal(0, 1.0, (3000, 16))
+    test = rng.normal(0, 1.0, (100, 16))
+    depths, products = {}, {}
+    for kind, ref, tol in (("power", exact_power_softmax(test, 4, 0.05), 1e-2),
+                           ("taylor", exact_softmax(test), 1e-2), ("square", exact_softmax(test), 0.1)):
+        kernel = SoftmaxKernel(kind, 16).calibrate(rows)
+        ar = ClearArith()
+        got = kernel.clear(test, ar)
+        assert np.max(np.abs(got - ref)) <= tol * ref.max(), kind  # Goldschmidt's relative tolerance
+        depths[kind] = ar.summary()["depth"]
+        products[kind] = ar.summary()["op_counts"]["ct_ct_mul"]
+    assert depths["power"] <= depths["taylor"] < depths["square"]
+    assert products["power"] < min(products["square"], products["taylor"])
+
+
+def test_hinge_range_loss_is_eq9_beyond_the_threshold():
+    from models.attention import functional as AF
+
+    scores = torch.tensor([[[[0.5, -2.0], [1.0, 0.1]]], [[[0.3, 0.2], [-0.4, 0.1]]]])  # per-example max 2.0, 0.4
+    assert AF.power_softmax_range(scores).item() == pytest.approx((2.0 + 0.4) / 2)
+    assert AF.power_softmax_range(scores, threshold=1.0).item() == pytest.approx((1.0 + 0.0) / 2)
