@@ -415,8 +415,12 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
     """Encrypt a test sample with the client artifact, run it on the server artifact, decrypt."""
     import time
 
-    from fhe.backends.tfhe import TfheClient, TfheServer
     from models.tasks import load_task
+
+    if (artifact_dir / "server" / "program.pkl").exists():
+        _run_ckks(artifact_dir, sample, data_dir)
+        return
+    from fhe.backends.tfhe import TfheClient, TfheServer
 
     try:
         client, server = TfheClient(artifact_dir / "client"), TfheServer(artifact_dir / "server")
@@ -433,6 +437,26 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
     out = client.decrypt(server.run(client.encrypt(x_int))) * np.asarray(meta["output_scale"])
     click.echo(f"sample {sample}: label {int(data.y_test[sample])}, encrypted prediction {int(out.argmax())} "
                f"({time.perf_counter() - start:.1f} s); logits {np.round(out, 3).tolist()}")
+
+
+def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
+    import time
+
+    from fhe.backends.ckks import CkksClient, CkksServer
+    from models.tasks import load_task
+
+    try:
+        client, server = CkksClient(artifact_dir / "client"), CkksServer(artifact_dir / "server")
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    data = load_task(server.meta["task"], data_dir=data_dir, seq_len=server.meta["seq_len"])
+    if not 0 <= sample < len(data.x_test):
+        raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}], got {sample}")
+    start = time.perf_counter()
+    out = client.decrypt(server.run(client.encrypt(data.x_test[sample:sample + 1].numpy()),
+                                    client.refresh(server.context)))[0]
+    click.echo(f"sample {sample}: label {int(data.y_test[sample])}, encrypted prediction {int(out.argmax())} "
+               f"({time.perf_counter() - start:.1f} s, CKKS); logits {np.round(out, 3).tolist()}")
 
 
 @main.command()

@@ -216,3 +216,50 @@ def plan_program(program: PolyProgram, x: np.ndarray, params: CkksParams) -> tup
         summary = ar.summary()
         summary["program_depth_without_refresh"] = full_depth
     return plan, summary
+
+
+class CkksServer:
+    """The server side from ``save()``'s server/ folder: program + public context (no secret key)."""
+
+    def __init__(self, directory) -> None:
+        directory = Path(directory)
+        self.context = ts.context_from((directory / "context.public").read_bytes())
+        if self.context.has_secret_key():
+            raise RuntimeError(f"{directory} holds a secret key: refusing to serve from it")
+        with open(directory / "program.pkl", "rb") as fh:
+            self.program: PolyProgram = pickle.load(fh)
+        self.meta = json.loads((directory / "meta.json").read_text())
+        self.plan = self.meta["plan"]
+
+    def run(self, cts: list, refresh_fn=None) -> list:
+        """``refresh_fn`` (the client's decrypt-and-re-encrypt) only when the plan was compiled with it."""
+        from fhe.ckks.arith import Val
+
+        for ct in cts:
+            ct.link_context(self.context)
+        ar = CkksArith(self.plan["max_depth"], refresh_fn if self.plan["client_assisted_refresh"] else None)
+        return [v.data for v in self.program.forward(ar, [Val(ct, 0) for ct in cts])]
+
+
+class CkksClient:
+    """The data owner from ``save()``'s client/ folder: the context with the secret key."""
+
+    def __init__(self, directory) -> None:
+        directory = Path(directory)
+        self.context = ts.context_from((directory / "context.secret").read_bytes())
+        self.meta = json.loads((directory / "meta.json").read_text())
+
+    def encrypt(self, x: np.ndarray) -> list:
+        x = np.asarray(x, dtype=np.float64).reshape(-1, *np.shape(x)[-2:])
+        return [ts.ckks_vector(self.context, x[:, t, f].tolist()) for t in range(x.shape[1]) for f in range(x.shape[2])]
+
+    def decrypt(self, cts: list) -> np.ndarray:
+        sk = self.context.secret_key()
+        return np.stack([np.asarray(ct.decrypt(sk)) for ct in cts], axis=-1)
+
+    def refresh(self, server_ctx):
+        def fn(ct):
+            fresh = ts.ckks_vector(self.context, ct.decrypt(self.context.secret_key()))
+            fresh.link_context(server_ctx)
+            return fresh
+        return fn

@@ -135,3 +135,19 @@ def test_operands_keep_their_level_despite_tenseals_in_place_mod_switch():
     ar.mul(y, x)  # x second and shallower: TenSEAL alone would switch x down to level 1
     xx = ar.square(ar.square(x))  # needs x at level 0 still
     np.testing.assert_allclose(xx.data.decrypt(), [0.0625, 1.0], atol=1e-4)
+
+
+def test_cli_compile_out_then_fhe_run_serves_from_the_artifacts(ps_checkpoint, tmp_path):
+    art = tmp_path / "art"
+    res = CliRunner().invoke(main, ["compile", str(ps_checkpoint), "--scheme", "ckks", "--no-run", "--refresh",
+                                    "--poly-modulus-degree", "8192", "--out", str(art)])
+    assert res.exit_code == 0, res.output
+    assert not ts.context_from((art / "server" / "context.public").read_bytes()).has_secret_key()
+    res = CliRunner().invoke(main, ["run", str(art), "--sample", "2"])
+    assert res.exit_code == 0, res.output
+    logits = json.loads(res.output.split("logits")[1].strip())
+    from fhe.backends.ckks import CkksServer
+    from models.tasks import load_task
+
+    x = load_task("digits").x_test[2:3].numpy()
+    np.testing.assert_allclose(logits, CkksServer(art / "server").program.clear(x)[0], atol=2e-3)
