@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a trained model.pt (default: train one with the recipe)")
     ap.add_argument("--epochs", type=int, default=60)
     ap.add_argument("--n", type=int, default=360, help="test samples (all in the slots of one encrypted run)")
-    ap.add_argument("--calib", type=int, default=500)
+    ap.add_argument("--calib", type=int, default=5000, help="calibration samples (intervals; clear, cheap)")
     ap.add_argument("--refresh", action="store_true", help="allow the labelled client-assisted refresh")
     ap.add_argument("--poly-modulus-degree", type=int, default=None)
     ap.add_argument("--reciprocal-tol", type=float, default=1e-2)

@@ -250,6 +250,7 @@ def _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits, p_error, glo
     from quant import BitWidthError, ExportError, QuantConfig
 
     ckpt, data = load_model_and_task(model_path, data_dir)
+    n_calib = n_calib or 500
     params = _tfhe_params(n_bits, rounding_bits, p_error, global_p_error, inputset)
     try:
         qconfig = QuantConfig(n_bits=n_bits, rounding_bits=rounding_bits, lut_bits=lut_bits, range_mode=range_mode)
@@ -272,7 +273,9 @@ def fhe_options(fn):
                      show_default=True, help="Calibration ranges (percentile clips outliers)."),
         click.option("--p-error", type=float, default=None, help="Per-PBS error probability."),
         click.option("--global-p-error", type=float, default=1e-5, show_default=True),
-        click.option("--calib", "n_calib", type=int, default=500, show_default=True),
+        click.option("--calib", "n_calib", type=int, default=None,
+                     help="Calibration samples from the training split (default: 500 for TFHE; 5000 for CKKS, "
+                     "whose polynomials diverge outside their intervals, so intervals must cover the tails)."),
         click.option("--inputset", type=int, default=500, show_default=True,
                      help="Calibration samples Concrete evaluates when compiling."),
         click.option("--data-dir", type=click.Path(path_type=Path), default=None),
@@ -305,6 +308,7 @@ def _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits
     from fhe.schemes import CkksParams
 
     ckpt, data = load_model_and_task(model_path, data_dir)
+    n_calib = n_calib or 5000
     try:
         params = CkksParams(poly_modulus_degree=int(poly_modulus_degree) if poly_modulus_degree else None,
                             scale_bits=scale_bits, refresh=refresh,

@@ -180,7 +180,7 @@ def lower_mixer(low: Lowering, mixer, h: QValue, name: str, cfg) -> QValue:
         if kind is AttentionKind.DCT:
             out = lower_dct(low, mixer, q, k, v, f"{name}.attn")
         elif kind is AttentionKind.POWER_SOFTMAX:
-            out = lower_normalized(low, q, k, v, f"{name}.attn", power_scores(mixer.p), eps=mixer.eps,
+            out = lower_normalized(low, q, k, v, f"{name}.attn", power_scores(mixer.p), eps=mixer.inference_eps,
                                    length_agnostic=True)
         else:
             out = lower_normalized(low, q, k, v, f"{name}.attn", exp_scores())
