@@ -326,7 +326,8 @@ def print_ckks_report(rep: dict) -> None:
             ("depth", rep["depth"]), ("poly_modulus_degree", rep["poly_modulus_degree"]),
             ("coeff_mod_bit_sizes", rep["coeff_mod_bit_sizes"]), ("scale_bits", rep["scale_bits"]),
             ("security_bits", rep["security_bits"]), ("slots (samples per ciphertext)", rep["slots"]),
-            ("client-assisted refresh", rep["client_assisted_refresh"])]
+            ("client-assisted refresh", rep["client_assisted_refresh"]),
+            ("program depth without refresh", rep["program_depth_without_refresh"])]
     rows += [(f"ops.{k}", v) for k, v in rep["op_counts"].items()]
     rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
     rows += [(f"time.{k} (s)", f"{v:.3f}") for k, v in rep["timings_s"].items()]
