@@ -59,7 +59,7 @@ def plan_parameters(depth: int, scale_bits: int = 40, outer_bits: int = 60, poly
     fitting = [n for n in sizes if max_depth(n, scale_bits, outer_bits) >= depth]
     if fitting:
         n = fitting[0]
-        return CkksPlan(n, (outer_bits, *[scale_bits] * depth, outer_bits), scale_bits, depth, refresh=refresh)
+        return CkksPlan(n, (outer_bits, *[scale_bits] * depth, outer_bits), scale_bits, depth)  # no refresh needed
     if refresh:
         n = poly_modulus_degree or 16384
         d = max_depth(n, scale_bits, outer_bits)
