@@ -45,7 +45,8 @@ def main() -> None:
         "--power-form", "length-agnostic", "--power-eps", "0.05", "--d-model", "16", "--heads", "2", "--epochs", "60",
         "--range-loss", "0.1", "--range-threshold", "1.0", "--act-range-loss", "0.05", "--act-range-threshold", "3",
         "-o", poly)
-    fhe("compile", poly, "--scheme", "ckks", "--no-run", "--refresh", "--json", str(RUNS / "digits-power-softmax-ckks.json"))
+    fhe("compile", poly, "--scheme", "ckks", "--no-run", "--refresh", "--json",
+        str(RUNS / "digits-power-softmax-ckks.json"))
     fhe("compare", poly, "--scheme", "ckks", "--mode", "execute", "--n", "360", "--refresh",
         "--poly-modulus-degree", "16384")
 

@@ -170,10 +170,13 @@ class Arith:
 
 
 class ClearArith(Arith):
-    """The clear reference: numpy float64 arrays over the batch; exact arithmetic, same bookkeeping."""
+    """The clear reference: numpy float64 arrays over the batch; exact arithmetic, same bookkeeping.
 
-    def __init__(self, max_depth: int | None = None, refresh: bool = False) -> None:
+    ``strict``: raise when an approximated op's input leaves its calibrated interval (else count)."""
+
+    def __init__(self, max_depth: int | None = None, refresh: bool = False, strict: bool = False) -> None:
         super().__init__(max_depth, refresh)
+        self.strict = strict
         self.ranges: dict[str, tuple[float, float]] = {}  # input range of each approximated op
         self.outside: dict[str, int] = {}  # values that fell outside the op's calibrated interval
 

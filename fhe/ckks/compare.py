@@ -60,6 +60,10 @@ def compare_ckks(compiled, x: torch.Tensor, y: np.ndarray, execute: bool = True,
     acc = result["accuracy"]
     result["accuracy_drop_poly_vs_float_points"] = 100 * (acc["float"] - acc["poly_clear"])
     result["values_outside_calibrated_intervals"] = dict(ar.outside)
+    if any(ar.outside.values()) and progress:
+        left = ", ".join(f"{k}: {v}" for k, v in ar.outside.items() if v)
+        progress(f"warning: inputs left a calibrated interval ({left}); the polynomial diverges there: "
+                 "recalibrate with more samples (--calib) or a wider --margin")
     rep = backend.report()
     result.update({k: rep[k] for k in ("depth", "poly_modulus_degree", "coeff_mod_bit_sizes", "op_counts")})
     return result

@@ -135,7 +135,14 @@ class PolyProgram:
         ar.ranges[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
         if name in self.ops:
             ilo, ihi = self.ops[name]["interval"]
-            ar.outside[name] = ar.outside.get(name, 0) + int(((data < ilo) | (data > ihi)).sum())
+            n_out = int(((data < ilo) | (data > ihi)).sum())
+            ar.outside[name] = ar.outside.get(name, 0) + n_out
+            if n_out and ar.strict:
+                raise PolynomialError(
+                    f"{name}: {n_out} input values fall outside the interval calibration covered "
+                    f"({self.ops[name]['calibrated'][0]:.4g} to {self.ops[name]['calibrated'][1]:.4g} before the "
+                    f"{self.approx.margin:.0%} margin), where the {self.ops[name]['kind']} approximation diverges; "
+                    "recalibrate on more or more representative samples (--calib) or widen --margin")
 
     def finalize(self, ranges: dict[str, tuple[float, float]]) -> None:
         """Approximation settings from calibrated ranges (each widened by ``approx.margin``)."""

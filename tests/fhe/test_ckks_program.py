@@ -125,6 +125,9 @@ def test_polynomial_program_tracks_the_float_model():
     with np.errstate(all="ignore"):  # polynomials far outside their interval overflow, as they should
         program.clear(10 * test.numpy(), ar)
     assert sum(ar.outside.values()) > 0  # and inputs far outside calibration are counted
+    with pytest.raises(PolynomialError, match=r"outside the interval calibration covered.*--calib"), \
+            np.errstate(all="ignore"):
+        program.clear(10 * test.numpy(), ClearArith(strict=True))
 
 
 @pytest.mark.parametrize("kind,match", [("dot-product", "softmax"), ("inhibitor", "--scheme tfhe"),
