@@ -300,7 +300,7 @@ def fhe_options(fn):
 
 
 def _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
-                  activation_tol, max_degree, margin):
+                  activation_tol, max_degree, margin, simulate_only=False):
     from fhe.ckks import ApproxConfig, PolynomialError
     from fhe.ckks.approx import ApproximationError
     from fhe.ckks.planner import DepthError
@@ -314,8 +314,15 @@ def _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits
                             scale_bits=scale_bits, refresh=refresh,
                             approx=ApproxConfig(reciprocal_tol=reciprocal_tol, activation_tol=activation_tol,
                                                 max_degree=max_degree, margin=margin))
-        compiled = compile_model(ckpt.model, data.x_train[:n_calib], params,
-                                 meta={"model_path": str(model_path), "task": ckpt.task["name"]})
+        meta = {"model_path": str(model_path), "task": ckpt.task["name"]}
+        try:
+            compiled = compile_model(ckpt.model, data.x_train[:n_calib], params, meta=meta)
+        except DepthError as exc:
+            if not simulate_only:
+                raise
+            click.echo(f"note: {str(exc).split(';')[0].split(' and TenSEAL')[0]}; simulating anyway "
+                       "(no encryption), parameters planned with --refresh", err=True)
+            compiled = compile_model(ckpt.model, data.x_train[:n_calib], params.replace(refresh=True), meta=meta)
     except (PolynomialError, ApproximationError, DepthError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     return ckpt, data, compiled
@@ -524,7 +531,8 @@ def _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits
     from fhe.ckks.compare import compare_ckks
 
     _, data, compiled = _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh,
-                                      reciprocal_tol, activation_tol, max_degree, margin)
+                                      reciprocal_tol, activation_tol, max_degree, margin,
+                                      simulate_only=mode == "simulate")
     x, y = data.x_test[:n_samples], data.y_test[:n_samples].numpy()
     result = compare_ckks(compiled, x, y, execute=mode == "execute", progress=lambda m: click.echo(m, err=True))
     for k, v in result.items():
