@@ -125,13 +125,13 @@ class Arith:
         pairs = [(v, float(w)) for v, w in zip(vals, weights, strict=True) if w != 0]
         if not pairs:  # an all-zero row still yields a ciphertext at the expected level
             pairs = [(vals[0], 0.0)]
-        terms = []
-        for v, w in pairs:
+        out = None
+        for v, w in pairs:  # accumulate as we go: one product alive at a time
             v = self._ready(v)
             self._count("ct_pt_mul")
             self._count("rescale")
-            terms.append(Val(self._mul_scalar(v.data, w), v.level + 1))
-        out = self.sum(terms)
+            term = Val(self._mul_scalar(v.data, w), v.level + 1)
+            out = term if out is None else self.add(out, term)
         return self._out(self.add_scalar(out, bias).data, out.level)
 
     # ---------------------------------------------------------------- subclass hooks

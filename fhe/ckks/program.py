@@ -232,6 +232,7 @@ class PolyProgram:
                      for i in range(T)]
             with ar.stage(f"{tag}.power"):
                 sp = [[A.power_even(ar, sij, p) for sij in row] for row in s]  # (s_ij/L')^p / D
+            del s  # ciphertexts are large: keep only what later stages read
             with ar.stage(f"{tag}.reciprocal"):
                 eps = self._inference_eps()
                 a = [ar.add_scalar(ar.sum(row), eps / D) for row in sp]  # (ε + Mean_j s_ijᵖ)/D, Eq. 7
@@ -247,6 +248,7 @@ class PolyProgram:
                     for c in cols:
                         num = ar.sum([ar.mul(sp[i][j], v[j * C + c]) for j in range(T)])
                         o[i * C + c] = ar.mul(num, y[i])
+            del sp, a, y
         return Affine([(o, per_position(w[f"{key}.out_proj.weight"], T))], np.tile(w[f"{key}.out_proj.bias"], T))
 
     def _inference_eps(self) -> float:
