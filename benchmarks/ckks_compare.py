@@ -33,7 +33,7 @@ TRAIN_CLI = ("fhe train --task {task} --attention power-softmax --norm none --ff
 
 def get_model(args):
     if args.model:
-        return load_checkpoint(args.model).model, f"model {args.model}"
+        return load_checkpoint(args.model).model, f"model {args.model}, trained by the command in its results note"
     data = load_task(args.task)
     cfg = config_for_task(data, **RECIPE)
     tcfg = TrainConfig(epochs=args.epochs, batch_size=64 if args.task == "digits" else 128, lr=3e-3, seed=0,
@@ -72,7 +72,8 @@ def main() -> None:
     lines = [
         f"# CKKS: encrypted vs clear polynomial vs float on {args.task}",
         "",
-        f"Command: `{command_line()}` ({origin}; the recipe as a CLI command: "
+        f"Command: `{command_line()}` ({origin})" if args.model else
+        f"Command: `{command_line()}` ({origin}; the same recipe as a CLI command: "
         f"`{TRAIN_CLI.format(task=args.task, epochs=args.epochs)}`)",
         "",
         f"{result['n']} test samples, all in the SIMD slots of one encrypted run "

@@ -14,6 +14,7 @@ clear polynomial (the CKKS noise).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._results import command_line, write_results  # noqa: E402
+from benchmarks._results import RESULTS, command_line, write_results  # noqa: E402
 from fhe.backends.ckks import CkksArith  # noqa: E402
 from fhe.ckks.arith import ClearArith, Val  # noqa: E402
 from fhe.ckks.planner import plan_parameters  # noqa: E402
@@ -71,12 +72,17 @@ def main() -> None:
     ap.add_argument("--square-rounds", type=int, default=6)
     ap.add_argument("--clear-only", action="store_true", help="depth and clear errors only (no TenSEAL)")
     ap.add_argument("--stem", default="ckks_softmax")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in results/<stem>.json and run only the missing (L, kernel) pairs")
     args = ap.parse_args()
-    rng = np.random.default_rng(0)
     contexts: dict = {}
     results = []
-    todo = [(int(L), k) for L in args.lengths.split(",") for k in args.kinds.split(",")]
+    if args.resume and (RESULTS / f"{args.stem}.json").exists():
+        results = json.loads((RESULTS / f"{args.stem}.json").read_text())
+    done = {(r["L"], r["kernel"]) for r in results}
+    todo = [(int(L), k) for L in args.lengths.split(",") for k in args.kinds.split(",") if (int(L), k) not in done]
     for L, kind in tqdm(todo, desc="kernels", unit="kernel"):
+        rng = np.random.default_rng(L)  # the same rows for every kernel of one length
         calib, test = rng.normal(0, args.sigma, (4000, L)), rng.normal(0, args.sigma, (args.rows, L))
         kernel = SoftmaxKernel(kind, L, tol=args.tol, eps=args.eps, rounds=args.square_rounds).calibrate(calib)
         ar = ClearArith()
@@ -97,6 +103,12 @@ def main() -> None:
                        max_error_vs_clear_poly=float(np.abs(enc - clear).max()))
         results.append(row)
         tqdm.write(str(row))
+        publish(results, args)  # current after every kernel (a long run can be interrupted and resumed)
+    print("\n".join(publish(results, args)))
+
+
+def publish(results: list[dict], args) -> list[str]:
+    results.sort(key=lambda r: (r["L"], KERNELS.index(r["kernel"])))
     lines = [
         "# Polynomial softmax kernels under CKKS (PowerSoftmax paper, Table 5 at our scale)",
         "",
@@ -114,7 +126,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        base = next(x for x in results if x["L"] == r["L"] and x["kernel"] == "power")
+        base = next((x for x in results if x["L"] == r["L"] and x["kernel"] == "power"), {})
         lat = r.get("latency_s")
         ratio = f"{lat / base['latency_s']:.1f}×" if lat and base.get("latency_s") else "—"
         lines.append(
@@ -125,9 +137,8 @@ def main() -> None:
             f"{r.get('max_error_vs_clear_poly', float('nan')):.2e} |")
     lines += ["", "Paper (Pythia-70M, HElayers, A100): PowerSoftmax 9.7× faster than Taylor + Goldschmidt and 20× "
               "faster than the square strategy at 1024 tokens."]
-    paths = write_results(args.stem, lines, results)
-    print("\n".join(lines))
-    print(f"wrote {paths['md']} and {paths['json']}")
+    write_results(args.stem, lines, results)
+    return lines
 
 
 if __name__ == "__main__":
