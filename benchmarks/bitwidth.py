@@ -10,7 +10,6 @@ Models are trained here with ``--norm none`` (the TFHE configuration) and each t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -19,14 +18,13 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._results import write_results  # noqa: E402
 from models.config import AttentionKind  # noqa: E402
 from models.presets import PRESETS  # noqa: E402
 from models.tasks import load_task  # noqa: E402
 from models.training import TrainConfig, config_for_task, predict, train  # noqa: E402
 from quant import OverflowPolicy, QuantConfig, export  # noqa: E402
 from quant.report import accuracy, program_summary  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def sweep(task: str, kind: str, bits_range: list[int], seed: int, n_test: int | None, n_calib: int) -> dict:
@@ -88,10 +86,8 @@ def main() -> None:
     for r in results:
         lines.append(f"| {r['task']} | {r['kind']} | " + " | ".join(f"{100 * s['int_accuracy']:.1f}"
                                                               for s in r["sweep"]) + " |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
     stem = args.stem or ("bitwidth" if args.tasks == "digits,mnist" else "bitwidth_" + args.tasks.replace(",", "_"))
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(results, indent=2, default=float))
+    write_results(stem, lines, results)
     print("\n".join(lines))
 
 

@@ -16,7 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._results import write_results  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -73,9 +76,7 @@ def main() -> None:
             lines.append(f"| {'signed' if signed else 'unsigned'} | {'fwd+bwd' if backward else 'forward'} | "
                          f"{f['peak_mib']:.1f} | {b['peak_mib']:.1f} | {ratio:.1f}× | {f['time_s']:.3f} | "
                          f"{b['time_s']:.3f} |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "inhibitor_memory.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "inhibitor_memory.json").write_text(json.dumps(rows, indent=2))
+    write_results("inhibitor_memory", lines, rows)
     print("\n".join(lines))
 
 

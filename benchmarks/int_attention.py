@@ -12,7 +12,6 @@ both in the same process, reported as a ratio (the paper reports a 30-50% saving
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -20,7 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._results import write_results  # noqa: E402
+
 EXP_FRAC = 8  # fixed-point fraction bits of the int16 softmax
 
 
@@ -169,9 +171,7 @@ def main() -> None:
         lines.append(f"| {r['seq_len']} | {c} | {1e3 * r['numpy_dot_s']:.3f} | {1e3 * r['numpy_inhibitor_s']:.3f} | "
                      f"{100 * r['numpy_saving']:.0f}% |")
     lines += ["", "Paper (Rust, int16): 30-50% saving for the Inhibitor."]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "int_attention.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "int_attention.json").write_text(json.dumps(rows, indent=2))
+    write_results("int_attention", lines, rows)
     print("\n".join(lines))
 
 

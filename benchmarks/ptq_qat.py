@@ -7,21 +7,19 @@ accuracy, PTQ integer accuracy at 6 bits, and brevitas QAT integer accuracy at 4
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._results import write_results  # noqa: E402
 from models.presets import PRESETS  # noqa: E402
 from models.tasks import load_task  # noqa: E402
 from models.training import TrainConfig, config_for_task, predict, train  # noqa: E402
 from quant import OverflowPolicy, QuantConfig, export  # noqa: E402
 from quant.qat import prepare_qat, strip_qat  # noqa: E402
 from quant.report import accuracy, program_summary  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def int_accuracy(model, data, bits: int, n_calib: int, range_mode: str = "minmax") -> tuple[float, dict]:
@@ -68,10 +66,8 @@ def main() -> None:
         lines.append(f"| {r['task']} | {100 * r['float']:.2f} | {r['ptq_bits']} | {100 * r['ptq']:.2f} | "
                      f"{d_ptq:+.2f} | {r['qat_bits']} | {100 * r['qat']:.2f} | {d_qat:+.2f} | "
                      f"{'met' if ok else 'NOT met'} (PTQ within 1, QAT within 2 points) |")
-    RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "ptq_qat" if args.range_mode == "minmax" else f"ptq_qat_{args.range_mode}"
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(rows, indent=2))
+    write_results(stem, lines, rows)
     print("\n".join(lines))
 
 
