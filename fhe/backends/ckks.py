@@ -18,7 +18,7 @@ import tenseal as ts
 import torch
 
 from fhe.backends import register_backend
-from fhe.ckks.arith import Arith, ClearArith
+from fhe.ckks.arith import Arith, ClearArith, Val
 from fhe.ckks.planner import CkksPlan, plan_parameters
 from fhe.ckks.program import PolyProgram, build_program
 from fhe.errors import KeysMissingError
@@ -52,6 +52,33 @@ class CkksArith(Arith):
 
     def _refresh(self, a):
         return self._refresh_fn(a)
+
+
+def encrypt_batch(ctx: ts.Context, x: np.ndarray) -> list:
+    """(B, T, F) floats → T·F ciphertexts (position-major), the batch in the slots."""
+    return [ts.ckks_vector(ctx, x[:, t, f].tolist()) for t in range(x.shape[1]) for f in range(x.shape[2])]
+
+
+def decrypt_all(ctx: ts.Context, cts: list) -> np.ndarray:
+    sk = ctx.secret_key()
+    return np.stack([np.asarray(ct.decrypt(sk)) for ct in cts], axis=-1)
+
+
+def refresher(client_ctx: ts.Context, server_ctx: ts.Context):
+    """Client-assisted refresh: the data owner decrypts and re-encrypts a ciphertext (opt-in, counted)."""
+    def refresh(ct):
+        fresh = ts.ckks_vector(client_ctx, ct.decrypt(client_ctx.secret_key()))
+        fresh.link_context(server_ctx)
+        return fresh
+    return refresh
+
+
+def run_program(program: PolyProgram, server_ctx: ts.Context, cts: list, max_depth: int, refresh_fn=None):
+    """The server's part: link the inputs to the public context and evaluate; returns (outputs, arith)."""
+    for ct in cts:
+        ct.link_context(server_ctx)  # from here on, no secret key is reachable
+    ar = CkksArith(max_depth, refresh_fn)
+    return [v.data for v in program.forward(ar, [Val(ct, 0) for ct in cts])], ar
 
 
 def public_context(ctx: ts.Context) -> ts.Context:
@@ -117,8 +144,7 @@ class CkksBackend:
         if x.shape[0] > self.plan.slots:
             raise ValueError(f"{x.shape[0]} samples exceed the {self.plan.slots} slots of one ciphertext")
         start = time.perf_counter()
-        cts = [ts.ckks_vector(self.client_ctx, x[:, t, f].tolist())
-               for t in range(x.shape[1]) for f in range(x.shape[2])]
+        cts = encrypt_batch(self.client_ctx, x)
         self.timings_s["encrypt"] = time.perf_counter() - start
         self._batch = x.shape[0]
         return cts
@@ -126,32 +152,21 @@ class CkksBackend:
     def decrypt(self, cts: list) -> np.ndarray:
         self._require_keys()
         start = time.perf_counter()
-        sk = self.client_ctx.secret_key()
-        out = np.stack([np.asarray(ct.decrypt(sk)) for ct in cts], axis=-1)
+        out = decrypt_all(self.client_ctx, cts)
         self.timings_s["decrypt"] = time.perf_counter() - start
         return out
-
-    def _refresh(self, ct):
-        """Client-assisted refresh: the data owner decrypts and re-encrypts (labelled, opt-in)."""
-        fresh = ts.ckks_vector(self.client_ctx, ct.decrypt(self.client_ctx.secret_key()))
-        fresh.link_context(self.server_ctx)
-        return fresh
 
     # ------------------------------------------------------------------ server side
     def run(self, cts: list) -> list:
         self._require_keys()
-        for ct in cts:
-            ct.link_context(self.server_ctx)  # from here on, no secret key is reachable
-        ar = CkksArith(self.plan.depth, self._refresh if self.plan.refresh else None)
-        from fhe.ckks.arith import Val
-
+        refresh = refresher(self.client_ctx, self.server_ctx) if self.plan.refresh else None
         start = time.perf_counter()
-        out = self.program.forward(ar, [Val(ct, 0) for ct in cts])
+        out, ar = run_program(self.program, self.server_ctx, cts, self.plan.depth, refresh)
         self.timings_s["run"] = time.perf_counter() - start
         self.last_run = {"stages_s": dict(ar.timings_s), **ar.summary()}
-        for v in out:
-            v.data.link_context(self.client_ctx)
-        return [v.data for v in out]
+        for ct in out:
+            ct.link_context(self.client_ctx)
+        return out
 
     def encrypt_run_decrypt(self, x) -> np.ndarray:
         return self.decrypt(self.run(self.encrypt(x)))
@@ -233,12 +248,8 @@ class CkksServer:
 
     def run(self, cts: list, refresh_fn=None) -> list:
         """``refresh_fn`` (the client's decrypt-and-re-encrypt) only when the plan was compiled with it."""
-        from fhe.ckks.arith import Val
-
-        for ct in cts:
-            ct.link_context(self.context)
-        ar = CkksArith(self.plan["max_depth"], refresh_fn if self.plan["client_assisted_refresh"] else None)
-        return [v.data for v in self.program.forward(ar, [Val(ct, 0) for ct in cts])]
+        refresh = refresh_fn if self.plan["client_assisted_refresh"] else None
+        return run_program(self.program, self.context, cts, self.plan["max_depth"], refresh)[0]
 
 
 class CkksClient:
@@ -250,16 +261,10 @@ class CkksClient:
         self.meta = json.loads((directory / "meta.json").read_text())
 
     def encrypt(self, x: np.ndarray) -> list:
-        x = np.asarray(x, dtype=np.float64).reshape(-1, *np.shape(x)[-2:])
-        return [ts.ckks_vector(self.context, x[:, t, f].tolist()) for t in range(x.shape[1]) for f in range(x.shape[2])]
+        return encrypt_batch(self.context, np.asarray(x, dtype=np.float64).reshape(-1, *np.shape(x)[-2:]))
 
     def decrypt(self, cts: list) -> np.ndarray:
-        sk = self.context.secret_key()
-        return np.stack([np.asarray(ct.decrypt(sk)) for ct in cts], axis=-1)
+        return decrypt_all(self.context, cts)
 
     def refresh(self, server_ctx):
-        def fn(ct):
-            fresh = ts.ckks_vector(self.context, ct.decrypt(self.context.secret_key()))
-            fresh.link_context(server_ctx)
-            return fresh
-        return fn
+        return refresher(self.context, server_ctx)
