@@ -102,7 +102,7 @@ def goldschmidt_reciprocal(ar: Arith, a: Val, n_iterations: int) -> Val:
 
 
 # ----------------------------------------------------------------------------------------- 1/sqrt(z)
-def _invsqrt_guess(lo: float, hi: float) -> tuple[float, float]:
+def invsqrt_guess(lo: float, hi: float) -> tuple[float, float]:
     """Least-squares line c₀ + c₁z for 1/√z on [lo, hi] (Newton's starting point)."""
     z = np.linspace(lo, hi, 512)
     c1, c0 = np.polyfit(z, 1 / np.sqrt(z), 1)
@@ -123,7 +123,7 @@ def invsqrt_iterations(lo: float, hi: float, tol: float, max_iterations: int) ->
     if not 0 < lo <= hi:
         raise ApproximationError(f"1/sqrt needs a positive interval, got [{lo:.3g}, {hi:.3g}]")
     z = np.geomspace(lo, hi, 2048)
-    guess = _invsqrt_guess(lo, hi)
+    guess = invsqrt_guess(lo, hi)
     for n in range(max_iterations + 1):
         y = newton_invsqrt(ClearArith(), Val(z), guess, n).data
         if np.max(np.abs(y * np.sqrt(z) - 1)) <= tol:

@@ -146,28 +146,30 @@ class PolyProgram:
 
     def finalize(self, ranges: dict[str, tuple[float, float]]) -> None:
         """Approximation settings from calibrated ranges (each widened by ``approx.margin``)."""
-        cfg = ap = self.approx
         self.calib_ranges = dict(ranges)
         for name, (lo, hi) in ranges.items():
-            kind = name.rsplit(".", 1)[-1]
-            if kind == "reciprocal":
-                lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
-                scale = A.goldschmidt_scale(lo_w, hi_w, ap.reciprocal_headroom)
-                n = A.goldschmidt_iterations(lo_w / scale, hi_w / scale, cfg.reciprocal_tol, cfg.max_iterations)
-                self.ops[name] = {"kind": kind, "calibrated": [lo, hi], "scale": scale,
-                                  "interval": [lo_w / scale, hi_w / scale], "iterations": n}
-            elif kind == "invsqrt":
-                lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
-                n = A.invsqrt_iterations(lo_w / hi_w, 1.0, cfg.invsqrt_tol, cfg.max_iterations)
-                self.ops[name] = {"kind": kind, "calibrated": [lo, hi], "scale": hi_w,
-                                  "interval": [lo_w / hi_w, 1.0], "iterations": n,
-                                  "guess": A._invsqrt_guess(lo_w / hi_w, 1.0)}
-            elif kind in ("gelu", "relu"):
-                lo_w, hi_w = A.widen(lo, hi, ap.margin)
-                fit = (A.gelu_fit if kind == "gelu" else A.relu_fit)(lo_w, hi_w, cfg.activation_tol, cfg.max_degree)
-                self.ops[name] = {"kind": kind, "calibrated": [lo, hi], "interval": [-1.0, 1.0],
-                                  "coeffs": list(fit.coeffs), "mid": fit.mid, "half": fit.half,
-                                  "degree": fit.degree, "max_error": fit.max_error}
+            try:
+                self.ops[name] = self._approximation(name.rsplit(".", 1)[-1], lo, hi)
+            except A.ApproximationError as exc:
+                raise A.ApproximationError(f"{name}: {exc}") from None
+
+    def _approximation(self, kind: str, lo: float, hi: float) -> dict:
+        ap = self.approx
+        if kind == "reciprocal":
+            lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
+            scale = A.goldschmidt_scale(lo_w, hi_w, ap.reciprocal_headroom)
+            n = A.goldschmidt_iterations(lo_w / scale, hi_w / scale, ap.reciprocal_tol, ap.max_iterations)
+            return {"kind": kind, "calibrated": [lo, hi], "scale": scale, "interval": [lo_w / scale, hi_w / scale],
+                    "iterations": n}
+        if kind == "invsqrt":
+            lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
+            n = A.invsqrt_iterations(lo_w / hi_w, 1.0, ap.invsqrt_tol, ap.max_iterations)
+            return {"kind": kind, "calibrated": [lo, hi], "scale": hi_w, "interval": [lo_w / hi_w, 1.0],
+                    "iterations": n, "guess": A.invsqrt_guess(lo_w / hi_w, 1.0)}
+        lo_w, hi_w = A.widen(lo, hi, ap.margin)
+        fit = (A.gelu_fit if kind == "gelu" else A.relu_fit)(lo_w, hi_w, ap.activation_tol, ap.max_degree)
+        return {"kind": kind, "calibrated": [lo, hi], "interval": [-1.0, 1.0], "coeffs": list(fit.coeffs),
+                "mid": fit.mid, "half": fit.half, "degree": fit.degree, "max_error": fit.max_error}
 
     # ------------------------------------------------------------------ layers
     def _norm(self, ar: Arith, tag: str, key: str, h: Affine) -> Affine:
