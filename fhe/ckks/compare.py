@@ -65,5 +65,6 @@ def compare_ckks(compiled, x: torch.Tensor, y: np.ndarray, execute: bool = True,
         progress(f"warning: inputs left a calibrated interval ({left}); the polynomial diverges there: "
                  "recalibrate with more samples (--calib) or a wider --margin")
     rep = backend.report()
-    result.update({k: rep[k] for k in ("depth", "poly_modulus_degree", "coeff_mod_bit_sizes", "op_counts")})
+    result.update({k: rep[k] for k in ("depth", "program_depth_without_refresh", "poly_modulus_degree",
+                                      "coeff_mod_bit_sizes", "op_counts")})
     return result
