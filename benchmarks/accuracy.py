@@ -6,6 +6,9 @@ against dot-product attention. Each (task, kind, seed) result is cached in
 
     python benchmarks/accuracy.py --seeds 5                 # the full table
     python benchmarks/accuracy.py --tasks digits --seeds 20 # one task, 20 seeds
+
+A second process can run beside the first with ``--cache OTHER.json`` (it skips runs either file has),
+and ``--merge OTHER.json --report-only`` folds its runs in afterwards.
 """
 
 from __future__ import annotations
@@ -109,12 +112,24 @@ def main() -> None:
     ap.add_argument("--epochs-scale", type=float, default=1.0, help="multiply every preset's epoch count")
     ap.add_argument("--fresh", action="store_true", help="ignore cached runs")
     ap.add_argument("--report-only", action="store_true", help="render the table from cached runs, train nothing")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="write new runs here instead of accuracy_runs.json (a second process running beside the "
+                    "first); runs in either file count as done")
+    ap.add_argument("--merge", type=Path, default=None, help="fold the runs of this cache into accuracy_runs.json")
     args = ap.parse_args()
     tasks, kinds = args.tasks.split(","), args.kinds.split(",")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    cache_path = RESULTS / "accuracy_runs.json"
+    main_cache = RESULTS / "accuracy_runs.json"
+    cache_path = args.cache or main_cache
     runs = [] if args.fresh or not cache_path.exists() else json.loads(cache_path.read_text())
-    done = {(r["task"], r["kind"], r["seed"], r["epochs"]) for r in runs}
+    if args.merge:
+        runs += json.loads(args.merge.read_text())
+    key = lambda r: (r["task"], r["kind"], r["seed"], r["epochs"])  # noqa: E731
+    runs = list({key(r): r for r in runs}.values())
+    if args.merge:
+        cache_path.write_text(json.dumps(runs, indent=1))
+    others = json.loads(main_cache.read_text()) if cache_path != main_cache and main_cache.exists() else []
+    done = {key(r) for r in runs + others}
     todo = [(t, k, s) for t in tasks for k in kinds for s in range(args.seeds)]
     if args.report_only:
         todo = []
@@ -129,8 +144,10 @@ def main() -> None:
             data_cache = {task: load_task(task)}
         runs.append(run_one(task, kind, seed, data_cache[task], args.epochs_scale))
         cache_path.write_text(json.dumps(runs, indent=1))
-        publish(runs, tasks, kinds, args)  # the table is current after every run (interruptible)
-    print(publish(runs, tasks, kinds, args))
+        if args.cache is None:  # a side process leaves the table to the main one (and to --merge)
+            publish(runs, tasks, kinds, args)  # the table is current after every run (interruptible)
+    if args.cache is None:
+        print(publish(runs, tasks, kinds, args))
 
 
 def publish(runs: list[dict], tasks: list[str], kinds: list[str], args) -> str:
