@@ -47,11 +47,12 @@ def main() -> None:
 @click.option("--init", "init_path", type=click.Path(path_type=Path), default=None,
               help="Start from this model.pt (e.g. range-minimisation fine-tuning, PowerSoftmax Alg. 1 step 2); "
               "its architecture is kept, except --power-form.")
-@click.option("--power-eps", type=float, default=1e-3, show_default=True,
-              help="PowerSoftmax ε (Eq. 5); in the length-agnostic form it bounds the CKKS division interval below.")
-@click.option("--power-form", type=click.Choice(["stable", "length-agnostic"]), default="stable", show_default=True,
-              help="PowerSoftmax training form: stable (Eqs. 5-6) or the polynomial model's length-agnostic form "
-              "with ε (Eq. 7), whose division interval ε bounds from below (for --scheme ckks).")
+@click.option("--power-eps", type=float, default=None,
+              help="PowerSoftmax ε (Eq. 5; default 1e-3, or --init's); in the length-agnostic form it bounds the "
+              "CKKS division interval below.")
+@click.option("--power-form", type=click.Choice(["stable", "length-agnostic"]), default=None,
+              help="PowerSoftmax training form (default stable, or --init's): stable (Eqs. 5-6) or the polynomial "
+              "model's length-agnostic form with ε (Eq. 7), whose division interval ε bounds from below.")
 @click.option("--qat-bits", type=int, default=None,
               help="After float training, fine-tune with brevitas quantization-aware training at N bits.")
 @click.option("--qat-epochs", type=int, default=None, help="QAT fine-tuning epochs (default: half of --epochs).")
@@ -76,11 +77,11 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
         data = load_task(task, data_dir=data_dir, seq_len=seq_len, limit=limit)
     except DataFileError as exc:
         raise click.UsageError(str(exc)) from exc
+    power_options = {k: v for k, v in (("power_form", power_form), ("power_eps", power_eps)) if v is not None}
     try:
         model_config = config_for_task(
             data, attention=attention, d_model=d_model or preset.d_model, n_heads=heads or preset.n_heads,
-            n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation, power_form=power_form,
-            power_eps=power_eps)
+            n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation, **power_options)
         train_config = TrainConfig(epochs=preset.epochs if epochs is None else epochs,
                                    batch_size=batch_size or preset.batch_size, lr=lr or preset.lr, seed=seed,
                                    range_loss_weight=range_loss, act_range_loss_weight=act_range_loss,
@@ -96,7 +97,7 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
             base = load_checkpoint(init_path).model
         except (FileNotFoundError, ValueError) as exc:
             raise click.UsageError(str(exc)) from exc
-        model_config = base.config.replace(power_form=power_form, power_eps=power_eps)
+        model_config = base.config.replace(**power_options)
         init_model = Transformer(model_config)
         init_model.load_state_dict(base.state_dict())
     result = run_training(model_config, data, train_config, progress=not quiet, model=init_model)

@@ -151,3 +151,17 @@ def test_cli_compile_out_then_fhe_run_serves_from_the_artifacts(ps_checkpoint, t
 
     x = load_task("digits").x_test[2:3].numpy()
     np.testing.assert_allclose(logits, CkksServer(art / "server").program.clear(x)[0], atol=2e-3)
+
+
+def test_train_init_fine_tunes_an_existing_model_in_the_length_agnostic_form(tmp_path):
+    base, tuned = tmp_path / "base.pt", tmp_path / "tuned.pt"
+    common = ["train", "--task", "digits", "--attention", "power-softmax", "--norm", "none", "--d-model", "4",
+              "--heads", "1", "--epochs", "1", "--quiet"]
+    assert CliRunner().invoke(main, [*common, "--power-eps", "0.02", "-o", str(base)]).exit_code == 0
+    res = CliRunner().invoke(main, [*common, "--init", str(base), "--power-form", "length-agnostic",
+                                    "--range-loss", "0.1", "--range-threshold", "1", "-o", str(tuned)])
+    assert res.exit_code == 0, res.output
+    from models.training import load_checkpoint
+
+    cfg = load_checkpoint(tuned).model.config
+    assert cfg.power_form == "length-agnostic" and cfg.power_eps == 0.02  # ε kept from --init
