@@ -3,7 +3,8 @@
 ``compile_model`` quantizes a trained model (quant.export) and hands the integer program to the
 backend registered for the parameter type. A :class:`CompiledModel` speaks the same vocabulary on
 every backend: ``keygen``, ``encrypt``, ``run``, ``decrypt``, ``encrypt_run_decrypt``, ``simulate``,
-``report`` and ``save`` (the secret key only on explicit request).
+``report`` and ``save`` (the secret key only on explicit request). CKKS programs take floats
+directly (no quantization), so :class:`FloatCompiledModel` wraps them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from quant import QuantConfig, QuantizedProgram, export
 
 
 class Backend(Protocol):
-    """What every backend implements (the TFHE one today; CKKS follows the same interface)."""
+    """What every backend implements (TFHE: integers in and out; CKKS: floats in and out)."""
 
     scheme: Scheme
     timings_s: dict[str, float]
