@@ -26,16 +26,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._results import command_line, write_results  # noqa: E402
+from fhe.backends.ckks import make_context  # noqa: E402
 
 
 def context(n: int, depth: int, galois: bool):
-    import tenseal as ts
-
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=n, coeff_mod_bit_sizes=[60] + [40] * depth + [60])
-    ctx.global_scale = 2.0**40
-    if galois:
-        ctx.generate_galois_keys()
-    return ctx
+    return make_context(n, [60] + [40] * depth + [60], 40, galois=galois)
 
 
 def key_bytes(ctx) -> dict:

@@ -387,15 +387,20 @@ def compile_cmd(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode,
         got = compiled.backend.encrypt_run_decrypt(compiled.program.quantize_input(x)[0])
         want, _ = compiled.program.run_int(compiled.program.quantize_input(x), "clip")
         click.echo(f"encrypted output equals the clear integer program: {bool(np.array_equal(got, want[0]))}")
+    _report_and_save(compiled, print_report, json_path, out_dir, "no secret key", keygen_first=no_run)
+
+
+def _report_and_save(compiled, print_fn, json_path, out_dir, server_label: str, keygen_first: bool = False) -> None:
+    """Print the cost report, write it as JSON, and write the client/server artifacts (both schemes)."""
     rep = compiled.report()
-    print_report(rep)
+    print_fn(rep)
     if json_path:
         json_path.write_text(json.dumps(rep, indent=2))
     if out_dir:
-        if no_run:
+        if keygen_first:
             compiled.keygen()
         paths = compiled.save(out_dir, include_secret_key=True)
-        click.echo(f"server artifact (no secret key): {paths['server']}; client artifact: {paths['client']}")
+        click.echo(f"server artifact ({server_label}): {paths['server']}; client artifact: {paths['client']}")
 
 
 def _compile_ckks_cmd(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
@@ -410,14 +415,7 @@ def _compile_ckks_cmd(model_path, data_dir, n_calib, poly_modulus_degree, scale_
         x = data.x_test[:1]
         got, want = compiled.encrypt_run_decrypt(x), compiled.simulate(x)
         click.echo(f"encrypted vs clear polynomial program: max |error| {np.abs(got - want).max():.2e}")
-    rep = compiled.report()
-    print_ckks_report(rep)
-    if json_path:
-        json_path.write_text(json.dumps(rep, indent=2))
-    if out_dir:
-        paths = compiled.save(out_dir, include_secret_key=True)
-        click.echo(f"server artifact (public context, no secret key): {paths['server']}; "
-                   f"client artifact: {paths['client']}")
+    _report_and_save(compiled, print_ckks_report, json_path, out_dir, "public context, no secret key")
 
 
 @main.command(name="run")

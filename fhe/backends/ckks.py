@@ -54,6 +54,16 @@ class CkksArith(Arith):
         return self._refresh_fn(a)
 
 
+def make_context(poly_modulus_degree: int, coeff_mod_bit_sizes, scale_bits: int, galois: bool = False) -> ts.Context:
+    """A private CKKS context (secret, public and relinearisation keys; Galois keys on request)."""
+    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=poly_modulus_degree,
+                     coeff_mod_bit_sizes=list(coeff_mod_bit_sizes))
+    ctx.global_scale = 2.0**scale_bits
+    if galois:
+        ctx.generate_galois_keys()
+    return ctx
+
+
 def encrypt_batch(ctx: ts.Context, x: np.ndarray) -> list:
     """(B, T, F) floats → T·F ciphertexts (position-major), the batch in the slots."""
     return [ts.ckks_vector(ctx, x[:, t, f].tolist()) for t in range(x.shape[1]) for f in range(x.shape[2])]
@@ -116,9 +126,7 @@ class CkksBackend:
         if self.client_ctx is not None and not force:
             return
         start = time.perf_counter()
-        ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=self.plan.poly_modulus_degree,
-                         coeff_mod_bit_sizes=list(self.plan.coeff_mod_bit_sizes))
-        ctx.global_scale = 2.0 ** self.plan.scale_bits
+        ctx = make_context(self.plan.poly_modulus_degree, self.plan.coeff_mod_bit_sizes, self.plan.scale_bits)
         self.client_ctx, self.server_ctx = ctx, public_context(ctx)
         self.timings_s["keygen"] = time.perf_counter() - start
         public = len(ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,

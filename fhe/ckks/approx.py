@@ -91,6 +91,15 @@ def goldschmidt_iterations(lo: float, hi: float, tol: float, max_iterations: int
     return n
 
 
+def plan_reciprocal(lo: float, hi: float, tol: float, margin: float, headroom: float = 2.0,
+                    max_iterations: int = 20) -> dict:
+    """Goldschmidt settings for a calibrated range [lo, hi]: widen it, scale it around 1, count iterations."""
+    lo_w, hi_w = widen(lo, hi, margin, positive=True)
+    scale = goldschmidt_scale(lo_w, hi_w, headroom)
+    return {"calibrated": [lo, hi], "scale": scale, "interval": [lo_w / scale, hi_w / scale],
+            "iterations": goldschmidt_iterations(lo_w / scale, hi_w / scale, tol, max_iterations)}
+
+
 def goldschmidt_reciprocal(ar: Arith, a: Val, n_iterations: int) -> Val:
     """1/a for a in (0, 2), a already scaled (the scale is folded into the producer's weights)."""
     e = ar.add_scalar(ar.neg(a), 1.0)  # e₀ = 1 − a

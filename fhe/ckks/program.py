@@ -94,6 +94,9 @@ class PolyProgram:
     def forward(self, ar: Arith, xs: list[Val]) -> list[Val]:
         """xs: the T·F input values (position-major); returns the n_outputs logits."""
         cfg, w, T = self.config, self.weights, self.config.seq_len
+        if len(xs) != T * cfg.in_features:
+            raise ValueError(f"the program takes {T} positions × {cfg.in_features} features = {T * cfg.in_features} "
+                             f"input values (ciphertexts), got {len(xs)}")
         with ar.stage("embed"):
             h = Affine([(xs, per_position(w["embed.weight"], T))],
                        np.tile(w["embed.bias"], T) + w["pos"][:T].reshape(-1))
@@ -156,11 +159,8 @@ class PolyProgram:
     def _approximation(self, kind: str, lo: float, hi: float) -> dict:
         ap = self.approx
         if kind == "reciprocal":
-            lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
-            scale = A.goldschmidt_scale(lo_w, hi_w, ap.reciprocal_headroom)
-            n = A.goldschmidt_iterations(lo_w / scale, hi_w / scale, ap.reciprocal_tol, ap.max_iterations)
-            return {"kind": kind, "calibrated": [lo, hi], "scale": scale, "interval": [lo_w / scale, hi_w / scale],
-                    "iterations": n}
+            return {"kind": kind, **A.plan_reciprocal(lo, hi, ap.reciprocal_tol, ap.margin, ap.reciprocal_headroom,
+                                                      ap.max_iterations)}
         if kind == "invsqrt":
             lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
             n = A.invsqrt_iterations(lo_w / hi_w, 1.0, ap.invsqrt_tol, ap.max_iterations)

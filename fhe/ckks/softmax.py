@@ -56,10 +56,7 @@ class SoftmaxKernel:
         self.consts = {}
         ranges = self._ranges(rows)
         for name, (lo, hi) in ranges.items():
-            lo_w, hi_w = A.widen(lo, hi, self.margin, positive=True)
-            scale = A.goldschmidt_scale(lo_w, hi_w, self.headroom)
-            n = A.goldschmidt_iterations(lo_w / scale, hi_w / scale, self.tol, 30)
-            self.consts[name] = {"scale": scale, "iterations": n, "calibrated": [lo, hi]}
+            self.consts[name] = A.plan_reciprocal(lo, hi, self.tol, self.margin, self.headroom, 30)
         return self
 
     def _ranges(self, rows: np.ndarray) -> dict[str, tuple[float, float]]:

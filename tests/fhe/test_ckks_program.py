@@ -168,3 +168,9 @@ def test_hinge_range_loss_is_eq9_beyond_the_threshold():
     scores = torch.tensor([[[[0.5, -2.0], [1.0, 0.1]]], [[[0.3, 0.2], [-0.4, 0.1]]]])  # per-example max 2.0, 0.4
     assert AF.power_softmax_range(scores).item() == pytest.approx((2.0 + 0.4) / 2)
     assert AF.power_softmax_range(scores, threshold=1.0).item() == pytest.approx((1.0 + 0.0) / 2)
+
+
+def test_inputs_of_the_wrong_shape_fail_clearly():
+    program = build_program(tiny(), torch.randn(50, 4, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"4 positions × 3 features = 12 input values.*got 15"):
+        program.clear(np.zeros((2, 5, 3)))
