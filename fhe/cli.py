@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -36,6 +39,9 @@ def main() -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Folder of the task's data files (mnist, imdb); default ../shared/data/<task>.")
 @click.option("--limit", type=int, default=None, help="Use only the first N training samples.")
+@click.option("--patch", type=int, default=None,
+              help="Image tasks: tokens of PATCH x PATCH pixels instead of rows (digits --patch 4: 4 tokens of "
+              "16 pixels; attention's encrypted cost grows with the square of the token count).")
 @click.option("--range-loss", "range_loss", type=float, default=0.0, show_default=True,
               help="Weight of the PowerSoftmax range loss (Eq. 9).")
 @click.option("--act-range-loss", "act_range_loss", type=float, default=0.0, show_default=True,
@@ -61,8 +67,8 @@ def main() -> None:
               help="Also write the training summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed, norm, ffn_activation, seq_len,
-          data_dir, limit, range_loss, act_range_loss, range_threshold, act_range_threshold, init_path, power_eps,
-          power_form, qat_bits, qat_epochs, output, json_path, quiet) -> None:
+          data_dir, limit, patch, range_loss, act_range_loss, range_threshold, act_range_threshold, init_path,
+          power_eps, power_form, qat_bits, qat_epochs, output, json_path, quiet) -> None:
     """Train a model on a task and save config + weights to OUTPUT."""
     import torch
 
@@ -74,8 +80,8 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
     torch.set_num_threads(max(1, torch.get_num_threads()))
     preset = PRESETS[task]
     try:
-        data = load_task(task, data_dir=data_dir, seq_len=seq_len, limit=limit)
-    except DataFileError as exc:
+        data = load_task(task, data_dir=data_dir, seq_len=seq_len, limit=limit, patch=patch)
+    except (DataFileError, ValueError) as exc:
         raise click.UsageError(str(exc)) from exc
     power_options = {k: v for k, v in (("power_form", power_form), ("power_eps", power_eps)) if v is not None}
     try:
@@ -130,7 +136,7 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
 
 def load_model_and_task(model_path: Path, data_dir: Path | None):
     """(checkpoint, task data) for a saved model, with click errors for bad files."""
-    from models.tasks import DataFileError, load_task
+    from models.tasks import DataFileError, load_task_of
     from models.training import load_checkpoint
 
     try:
@@ -140,7 +146,7 @@ def load_model_and_task(model_path: Path, data_dir: Path | None):
     if not ckpt.task:
         raise click.UsageError(f"{model_path} records no task")
     try:
-        data = load_task(ckpt.task["name"], data_dir=data_dir, seq_len=ckpt.model.config.seq_len)
+        data = load_task_of(ckpt.task, data_dir=data_dir, seq_len=ckpt.model.config.seq_len)
     except DataFileError as exc:
         raise click.UsageError(str(exc)) from exc
     return ckpt, data
@@ -256,7 +262,8 @@ def _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits, p_error, glo
     try:
         qconfig = QuantConfig(n_bits=n_bits, rounding_bits=rounding_bits, lut_bits=lut_bits, range_mode=range_mode)
         compiled = compile_model(ckpt.model, data.x_train[:n_calib], params, qconfig, simulate_only=simulate_only,
-                                 meta={"model_path": str(model_path), "task": ckpt.task["name"]})
+                                 meta={"model_path": str(model_path), "task": ckpt.task["name"],
+                                       "patch": (ckpt.task.get("meta") or {}).get("patch")})
     except (ExportError, BitWidthError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     return ckpt, data, compiled
@@ -315,7 +322,8 @@ def _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits
                             scale_bits=scale_bits, refresh=refresh,
                             approx=ApproxConfig(reciprocal_tol=reciprocal_tol, activation_tol=activation_tol,
                                                 max_degree=max_degree, margin=margin))
-        meta = {"model_path": str(model_path), "task": ckpt.task["name"]}
+        meta = {"model_path": str(model_path), "task": ckpt.task["name"],
+                "patch": (ckpt.task.get("meta") or {}).get("patch")}
         try:
             compiled = compile_model(ckpt.model, data.x_train[:n_calib], params, meta=meta)
         except DepthError as exc:
@@ -438,7 +446,7 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
     except (FileNotFoundError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     meta = client.meta
-    data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"])
+    data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch"))
     if not 0 <= sample < len(data.x_test):
         raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}] for {meta['task']}, got {sample}")
     x = data.x_test[sample].numpy().astype(np.float64)
@@ -460,7 +468,8 @@ def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
         client, server = CkksClient(artifact_dir / "client"), CkksServer(artifact_dir / "server")
     except (FileNotFoundError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
-    data = load_task(server.meta["task"], data_dir=data_dir, seq_len=server.meta["seq_len"])
+    data = load_task(server.meta["task"], data_dir=data_dir, seq_len=server.meta["seq_len"],
+                     patch=server.meta.get("patch"))
     if not 0 <= sample < len(data.x_test):
         raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}], got {sample}")
     start = time.perf_counter()
@@ -555,7 +564,6 @@ def _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits
 def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem) -> None:
     """Sweep single-head attention circuits over sequence lengths: PBS, bit widths, crypto parameters,
     keygen and encrypted run time (Markdown, JSON and a PNG plot)."""
-    import sys
 
     from circuits.report import write
     from circuits.sweep import sweep
@@ -572,5 +580,30 @@ def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem
     click.echo(f"wrote {paths['md']}, {paths['json']}, {paths['png']}")
 
 
+def entry() -> None:
+    """The ``fhe`` console script: :func:`main`, leaving with the status it meant.
+
+    After an encrypted Concrete run, the interpreter's normal shutdown turns every exit status into 0
+    (tests/test_exit_codes.py), so a failed command would look successful to a script or CI. This runs
+    the click group, prints what click or Python would print, then flushes and calls ``os._exit``."""
+    status = 0
+    try:
+        main(standalone_mode=True)
+    except SystemExit as exc:
+        if exc.code is None:
+            status = 0
+        elif isinstance(exc.code, int):
+            status = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            status = 1
+    except BaseException:  # noqa: B036  (KeyboardInterrupt included: report it and fail)
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    entry()

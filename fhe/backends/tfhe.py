@@ -24,7 +24,21 @@ from fhe.schemes import Scheme, TfheParams
 from quant.ir import FREE_OPS, SHARED_OPS, Graph
 
 
-def _lower_node(node, args):
+def _rounded(node, x, input_bits: int | None):
+    """A lookup's input rounded by the node's ``rounding_bits``, with the input's width pinned.
+
+    Concrete (2.11) re-sizes the result of ``round_bit_pattern`` from the rounded values it sees; when
+    they fit one bit fewer than the input, the table is indexed as if the value had been shifted by the
+    input's width and reads fn(2·round(x)) (tests/fhe/test_tfhe.py::test_rounded_lookup_keeps_its_input_width).
+    Hinting the rounded value back to the input's width keeps the two consistent."""
+    r = node.attrs.get("rounding_bits", 0)
+    if not r:
+        return x
+    rounded = fhe.round_bit_pattern(x, lsbs_to_remove=r)
+    return rounded if input_bits is None else fhe.hint(rounded, bit_width=input_bits)
+
+
+def _lower_node(node, args, input_bits: int | None = None):
     a = node.attrs
     op = node.op
     if op in SHARED_OPS:
@@ -33,10 +47,7 @@ def _lower_node(node, args):
         if a.get("per_channel"):
             raise ValueError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
                              "quantize with per-tensor weights")
-        x = args[0]
-        if a.get("rounding_bits", 0):
-            x = fhe.round_bit_pattern(x, lsbs_to_remove=a["rounding_bits"])
-        return fhe.univariate(a["fn"])(x)
+        return fhe.univariate(a["fn"])(_rounded(node, args[0], input_bits))
     if op in ("mul", "matmul"):
         return _product(node, args)
     if op == "reshape":
@@ -80,7 +91,8 @@ def to_concrete_function(graph: Graph):
                 continue
             args = [env[i] for i in node.inputs]
             with fhe.tag(node.tag) if node.tag else contextlib.nullcontext():
-                value = _lower_node(node, args)
+                src = graph.nodes[node.inputs[0]] if node.inputs else None
+                value = _lower_node(node, args, None if src is None else src.bits)
                 if node.bits is not None and node.op not in FREE_OPS:
                     # the width calibration fixed (inputsets may be smaller than calibration sets)
                     value = fhe.hint(value, bit_width=node.bits)

@@ -22,9 +22,12 @@ def default_data_dir(task: str) -> Path:
 
 
 def load_task(name: str, data_dir: str | Path | None = None, seq_len: int | None = None,
-              seed: int = 0, limit: int | None = None) -> TaskData:
+              seed: int = 0, limit: int | None = None, patch: int | None = None) -> TaskData:
     """Loads a task by name. ``seq_len`` applies to adding (default 100) and imdb (default 128);
-    ``limit`` caps the number of training samples (quick runs)."""
+    ``patch`` (digits, mnist) makes tokens of patch×patch pixels instead of rows; ``limit`` caps the
+    number of training samples (quick runs)."""
+    if patch is not None and name not in ("digits", "mnist"):
+        raise ValueError(f"--patch applies to image tasks (digits, mnist), not {name}")
     if name == "adding":
         from models.tasks.adding import load_adding
 
@@ -32,11 +35,11 @@ def load_task(name: str, data_dir: str | Path | None = None, seq_len: int | None
     elif name == "digits":
         from models.tasks.digits import load_digits_task
 
-        data = load_digits_task(seed=0)
+        data = load_digits_task(seed=0, patch=patch)
     elif name == "mnist":
         from models.tasks.mnist import load_mnist
 
-        data = load_mnist(data_dir or default_data_dir("mnist"))
+        data = load_mnist(data_dir or default_data_dir("mnist"), patch=patch)
     elif name == "imdb":
         from models.tasks.imdb import load_imdb
 
@@ -48,4 +51,10 @@ def load_task(name: str, data_dir: str | Path | None = None, seq_len: int | None
     return data
 
 
-__all__ = ["TASKS", "DataFileError", "Metric", "TaskData", "default_data_dir", "load_task", "score"]
+def load_task_of(record: dict, data_dir: str | Path | None = None, seq_len: int | None = None) -> TaskData:
+    """The task a model was trained on, from the task record its checkpoint or artifact stores."""
+    meta = record.get("meta") or {}
+    return load_task(record["name"], data_dir=data_dir, seq_len=seq_len, patch=meta.get("patch"))
+
+
+__all__ = ["TASKS", "load_task_of", "DataFileError", "Metric", "TaskData", "default_data_dir", "load_task", "score"]

@@ -61,3 +61,16 @@ def require_file(path, option: str, hint: str = "") -> None:
 
     if not Path(path).exists():
         raise DataFileError(f"data file not found: {path} (set it with {option}){'; ' + hint if hint else ''}")
+
+
+def to_patches(images, patch: int | None):
+    """(N, H, W) images as sequences: rows (``patch`` None: H tokens of W pixels) or non-overlapping
+    ``patch``×``patch`` squares in row-major order ((H/p)·(W/p) tokens of p² pixels). Fewer tokens make
+    attention cheaper under encryption (its cost grows with T²)."""
+    if patch is None:
+        return images
+    n, h, w = images.shape
+    if patch < 1 or h % patch or w % patch:
+        raise ValueError(f"--patch {patch} must divide the image size {h}x{w}")
+    x = images.reshape(n, h // patch, patch, w // patch, patch).transpose(0, 1, 3, 2, 4)
+    return x.reshape(n, (h // patch) * (w // patch), patch * patch)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from models.config import InputKind
-from models.tasks.base import DataFileError, Metric, TaskData, require_file
+from models.tasks.base import DataFileError, Metric, TaskData, require_file, to_patches
 
 OPTION = "--data-dir (or FHE_MNIST_DIR)"
 
@@ -42,7 +42,8 @@ def read_idx(path: Path) -> np.ndarray:
     raise ValueError(f"{path}: not an IDX file (magic {magic})")
 
 
-def load_mnist(data_dir: str | Path, n_train: int | None = None, n_test: int | None = None) -> TaskData:
+def load_mnist(data_dir: str | Path, n_train: int | None = None, n_test: int | None = None,
+               patch: int | None = None) -> TaskData:
     data_dir = Path(data_dir)
     require_file(data_dir, OPTION, "it should hold the MNIST IDX .gz files")
     x_tr = read_idx(data_dir / "train-images-idx3-ubyte.gz")[:n_train]
@@ -51,10 +52,11 @@ def load_mnist(data_dir: str | Path, n_train: int | None = None, n_test: int | N
     y_te = read_idx(data_dir / "t10k-labels-idx1-ubyte.gz")[:n_test]
 
     def to_x(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a.astype(np.float32) / 255.0)
+        return torch.from_numpy(to_patches(a.astype(np.float32) / 255.0, patch))
 
     def to_y(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a.astype(np.int64))
 
-    return TaskData("mnist", to_x(x_tr), to_y(y_tr), to_x(x_te), to_y(y_te), InputKind.PATCHES, 28, 10,
-                    Metric.ACCURACY, meta={"pixel_scale": 255.0})
+    return TaskData("mnist", to_x(x_tr), to_y(y_tr), to_x(x_te), to_y(y_te), InputKind.PATCHES,
+                    28 if patch is None else patch * patch, 10, Metric.ACCURACY,
+                    meta={"pixel_scale": 255.0, "patch": patch})

@@ -106,3 +106,21 @@ def test_server_artifact_holds_no_secret_key_and_serves_the_client(keyed_inhibit
     x = built.calib_ints[5]
     want, _ = built.graph.run(x[None])
     np.testing.assert_array_equal(client.decrypt(server.run(client.encrypt(x))), want[0])
+
+
+def test_rounded_lookup_keeps_its_input_width():
+    """Regression (issue 13): a 9-bit input rounded by 2 bits whose rounded range fits 8 bits made
+    Concrete 2.11 evaluate the table at twice the rounded input (x = 75 gave fn(152) instead of fn(76))."""
+    g = Graph()
+    g.add("x", "input", shape=(1,))
+    g.add("a", "add_const", ("x",), value=np.int64(0))  # a computed value: the lowering hints its width
+    g.add("y", "lut", ("a",), fn=lambda t: np.clip(np.round(t / 50), 0, 7).astype(np.int64), shape=(1,),
+          rounding_bits=2)
+    g.set_output("y")
+    xs = np.arange(0, 240).reshape(-1, 1)
+    g.calibrate(xs)
+    g.nodes["a"].lo, g.nodes["a"].hi = 0, 300  # a 9-bit input whose calibration set fits 8 bits once rounded
+    backend = TfheBackend.compile(g, xs, TfheParams(inputset_size=240), simulate_only=True)
+    sims = np.stack([backend.simulate(x) for x in xs])
+    np.testing.assert_array_equal(sims, g.run(xs)[0])
+    assert int(backend.simulate(np.array([75]))[0]) == 2

@@ -69,3 +69,25 @@ def test_real_mnist_and_imdb_files_load():
     assert abs(mnist.x_train.mean().item() - 0.1307) < 1e-3
     imdb = load_task("imdb", seq_len=64)
     assert imdb.x_train.shape == (6000, 64) and set(imdb.y_test.unique().tolist()) == {0, 1}
+
+
+def test_patches_tile_the_image_in_row_major_order():
+    from models.tasks.base import to_patches
+
+    img = np.arange(64, dtype=np.float32).reshape(1, 8, 8)
+    p = to_patches(img, 4)
+    assert p.shape == (1, 4, 16)
+    np.testing.assert_array_equal(p[0, 1], img[0, :4, 4:].reshape(-1))  # top-right patch second
+    np.testing.assert_array_equal(p[0, 2], img[0, 4:, :4].reshape(-1))
+    assert to_patches(img, None) is img
+    with pytest.raises(ValueError, match="divide"):
+        to_patches(img, 3)
+
+
+def test_digits_with_patches_records_them_for_reloading():
+    from models.tasks import load_task_of
+
+    data = load_task("digits", patch=4)
+    assert data.x_train.shape[1:] == (4, 16) and data.in_features == 16 and data.meta["patch"] == 4
+    again = load_task_of({"name": "digits", "meta": data.meta})
+    assert torch.equal(again.x_test, data.x_test)
