@@ -115,7 +115,8 @@ def build(spec: CircuitSpec, n_calib: int = 64) -> BuiltCircuit:
         out = lower_dct(low, _DctParams(max(1, T // 2)), q, k, v, "c.attn")
     else:
         unit = _geglu_unit(d, spec.seed)
-        out = lower_geglu(low, unit, low.reshape(v, (T, d), "c.v.flat"), "c.geglu")
+        gated, down = lower_geglu(low, unit, low.reshape(v, (T, d), "c.v.flat"), "c.geglu")
+        out = low.linear(gated, down.weight, down.bias, "c.geglu.down", "c.geglu")
     if out.shape != (T, d):
         out = low.reshape(out, (T, d), "c.out")
     low.graph.set_output(out.node)

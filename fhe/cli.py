@@ -32,7 +32,9 @@ def main() -> None:
 @click.option("--batch-size", type=int, default=None)
 @click.option("--lr", type=float, default=None)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--norm", type=click.Choice([n.value for n in NormKind]), default="layernorm", show_default=True)
+@click.option("--norm", type=click.Choice([n.value for n in NormKind]), default="batchnorm", show_default=True,
+              help="batchnorm folds into the linear layers at export (free under TFHE and CKKS); layernorm "
+              "needs an encrypted 1/sqrt (CKKS only, with depth); none.")
 @click.option("--ffn-activation", type=click.Choice([a.value for a in Activation]), default="relu",
               show_default=True)
 @click.option("--seq-len", type=int, default=None, help="Sequence length (adding: 100, imdb: 128).")
@@ -60,15 +62,23 @@ def main() -> None:
               help="PowerSoftmax training form (default stable, or --init's): stable (Eqs. 5-6) or the polynomial "
               "model's length-agnostic form with ε (Eq. 7), whose division interval ε bounds from below.")
 @click.option("--qat-bits", type=int, default=None,
-              help="After float training, fine-tune with brevitas quantization-aware training at N bits.")
-@click.option("--qat-epochs", type=int, default=None, help="QAT fine-tuning epochs (default: half of --epochs).")
+              help="After float training, fine-tune through the TFHE integer program itself (activations at N "
+              "bits; the other widths from the TFHE defaults or the options below): its integer program then "
+              "reproduces the QAT model exactly. The model file records the configuration for `fhe compile`.")
+@click.option("--qat-epochs", type=int, default=None, help="QAT fine-tuning epochs (default: --epochs).")
+@click.option("--qat-method", type=click.Choice(["program", "brevitas"]), default="program", show_default=True,
+              help="program: through the exported integer program; brevitas: quantized linear layers only.")
+@click.option("--qat-attention-bits", type=int, default=None, help="QAT: Q/K/V bits (TFHE default 4).")
+@click.option("--qat-lut-bits", type=int, default=None, help="QAT: lookup input bits (TFHE default 5).")
+@click.option("--qat-lr", type=float, default=2e-3, show_default=True, help="QAT learning rate.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("model.pt"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Also write the training summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed, norm, ffn_activation, seq_len,
           data_dir, limit, patch, range_loss, act_range_loss, range_threshold, act_range_threshold, init_path,
-          power_eps, power_form, qat_bits, qat_epochs, output, json_path, quiet) -> None:
+          power_eps, power_form, qat_bits, qat_epochs, qat_method, qat_attention_bits, qat_lut_bits, qat_lr, output,
+          json_path, quiet) -> None:
     """Train a model on a task and save config + weights to OUTPUT."""
     import torch
 
@@ -109,19 +119,35 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
     result = run_training(model_config, data, train_config, progress=not quiet, model=init_model)
     extra = {"train": train_config.__dict__, "history": result.history}
     if qat_bits is not None:
-        from quant.qat import prepare_qat, strip_qat
-
         float_score = result.test_score
-        try:
-            qat_model = prepare_qat(result.model, qat_bits)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from exc
-        qat_config = TrainConfig(epochs=qat_epochs or max(1, train_config.epochs // 2),
-                                 batch_size=train_config.batch_size,
-                                 lr=train_config.lr / 3, seed=seed)
-        result = run_training(model_config, data, qat_config, progress=not quiet, model=qat_model)
-        result.model = strip_qat(result.model)
-        extra.update(qat_bits=qat_bits, float_test=float_score, qat_history=result.history)
+        qat_config = TrainConfig(epochs=qat_epochs or train_config.epochs, batch_size=train_config.batch_size,
+                                 lr=qat_lr, seed=seed)
+        if qat_method == "brevitas":
+            from quant.qat import prepare_qat, strip_qat
+
+            try:
+                qat_model = prepare_qat(result.model, qat_bits)
+            except ValueError as exc:
+                raise click.UsageError(str(exc)) from exc
+            result = run_training(model_config, data, qat_config, progress=not quiet, model=qat_model)
+            result.model = strip_qat(result.model)
+            extra.update(qat_bits=qat_bits, qat_method=qat_method, float_test=float_score,
+                         qat_history=result.history)
+        else:
+            from fhe.tfhe_recipe import resolve_quant
+            from quant.program_qat import train_program
+
+            try:
+                quant = resolve_quant(None, n_bits=qat_bits, attention_bits=qat_attention_bits,
+                                      lut_bits=qat_lut_bits)
+            except ValueError as exc:
+                raise click.UsageError(str(exc)) from exc
+            qat = train_program(result.model, data, quant, qat_config, progress=not quiet)
+            result.model, result.test_score = qat.model, qat.program_score
+            extra.update(qat_bits=qat_bits, qat_method=qat_method, float_test=float_score, quant=quant.to_dict(),
+                         qat_history=qat.history)
+            click.echo(f"integer program (the QAT model's forward) test {result.metric.value}: "
+                       f"{qat.program_score:.4f}")
         click.echo(f"float test {result.metric.value} before QAT: {float_score:.4f}")
     save_checkpoint(output, result.model, data, **extra)
     summary = {"task": task, "attention": attention, "metric": result.metric.value, "test": result.test_score,
@@ -130,6 +156,8 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
     if json_path:
         json_path.write_text(json.dumps(summary, indent=2))
     shown = f"{100 * result.test_score:.2f}%" if result.metric.value == "accuracy" else f"{result.test_score:.5f}"
+    if "quant" in extra:
+        shown += " (integer program)"
     click.echo(f"{task} / {attention}: test {result.metric.value} = {shown} on {len(data.x_test)} samples "
                f"({summary['params']} parameters) -> {output}")
 
@@ -241,44 +269,67 @@ def evaluate(model_path, data_dir) -> None:
 SCHEMES = ["tfhe", "ckks"]
 
 
-def _tfhe_params(n_bits, rounding_bits, p_error, global_p_error, inputset):
-    from fhe.schemes import TfheParams
+TFHE_QUANT_OPTIONS = ("n_bits", "weight_bits", "input_bits", "attention_bits", "rounding_bits", "lut_bits",
+                      "range_mode")
 
+
+def _compile(model_path, opts: dict, simulate_only: bool = False):
+    """(checkpoint, task data, compiled TFHE model) for the `fhe compile/compare` options ``opts``."""
+    from fhe.harness import compile_model
+    from fhe.schemes import TfheParams
+    from fhe.tfhe_recipe import resolve_quant
+    from quant import BitWidthError, ExportError
+
+    ckpt, data = load_model_and_task(model_path, opts["data_dir"])
     try:
-        return TfheParams(n_bits=n_bits, rounding_bits=rounding_bits, p_error=p_error, global_p_error=global_p_error,
-                          inputset_size=inputset)
+        qconfig = resolve_quant(ckpt.extra.get("quant"), **{k: opts[k] for k in TFHE_QUANT_OPTIONS})
+        params = TfheParams(n_bits=qconfig.n_bits, rounding_bits=qconfig.rounding_bits, p_error=opts["p_error"],
+                            global_p_error=opts["global_p_error"], inputset_size=opts["inputset"],
+                            exact_rounding=opts["rounding"] == "exact")
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-
-
-def _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits, p_error, global_p_error, n_calib, inputset,
-             simulate_only=False, range_mode="minmax"):
-    from fhe.harness import compile_model
-    from quant import BitWidthError, ExportError, QuantConfig
-
-    ckpt, data = load_model_and_task(model_path, data_dir)
-    n_calib = n_calib or 500
-    params = _tfhe_params(n_bits, rounding_bits, p_error, global_p_error, inputset)
     try:
-        qconfig = QuantConfig(n_bits=n_bits, rounding_bits=rounding_bits, lut_bits=lut_bits, range_mode=range_mode)
-        compiled = compile_model(ckpt.model, data.x_train[:n_calib], params, qconfig, simulate_only=simulate_only,
+        compiled = compile_model(ckpt.model, data.x_train[:opts["n_calib"] or 500], params, qconfig,
+                                 simulate_only=simulate_only,
                                  meta={"model_path": str(model_path), "task": ckpt.task["name"],
-                                       "patch": (ckpt.task.get("meta") or {}).get("patch")})
+                                       "patch": (ckpt.task.get("meta") or {}).get("patch"),
+                                       "quant": qconfig.to_dict()})
     except (ExportError, BitWidthError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     return ckpt, data, compiled
 
 
+def _keygen_checked(compiled) -> None:
+    """Print the expected key size and latency, refuse keys that will not fit, then generate them."""
+    from fhe.tfhe_recipe import KeysTooLargeError, preflight
+
+    check = preflight(compiled.backend.circuit)
+    click.echo(check.describe())
+    try:
+        check.check()
+    except KeysTooLargeError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo("generating keys ...")
+    compiled.keygen()
+
+
 def fhe_options(fn):
     opts = [
         click.option("--scheme", type=click.Choice(SCHEMES), default="tfhe", show_default=True),
-        click.option("--n-bits", type=int, default=4, show_default=True, help="Activation/weight bits."),
-        click.option("--rounding-bits", type=int, default=0, show_default=True,
-                     help="LSBs every table lookup rounds away first."),
-        click.option("--lut-bits", type=int, default=7, show_default=True,
-                     help="Round each lookup's input down to at most this many bits (0: off)."),
-        click.option("--range-mode", type=click.Choice(["minmax", "percentile"]), default="minmax",
-                     show_default=True, help="Calibration ranges (percentile clips outliers)."),
+        click.option("--n-bits", type=int, default=None,
+                     help="TFHE activation bits (default: what the model was trained for with --qat-bits, else 6)."),
+        click.option("--weight-bits", type=int, default=None, help="TFHE weight bits (default 4)."),
+        click.option("--input-bits", type=int, default=None, help="TFHE input bits (default 4)."),
+        click.option("--attention-bits", type=int, default=None,
+                     help="TFHE bits of Q, K and V, which set the width of every attention lookup (default 4)."),
+        click.option("--rounding-bits", type=int, default=None, help="LSBs every table lookup rounds away first."),
+        click.option("--lut-bits", type=int, default=None,
+                     help="Round each lookup's input down to at most this many bits (default 5; 0: off)."),
+        click.option("--range-mode", type=click.Choice(["minmax", "percentile"]), default=None,
+                     help="Calibration ranges (default percentile: clips outliers)."),
+        click.option("--rounding", type=click.Choice(["exact", "approximate"]), default="exact", show_default=True,
+                     help="TFHE: Concrete's exact rounding (encrypted == clear program), or its approximate "
+                     "rounding (cheaper; values near a rounding boundary may read the neighbouring entry)."),
         click.option("--p-error", type=float, default=None, help="Per-PBS error probability."),
         click.option("--global-p-error", type=float, default=1e-5, show_default=True),
         click.option("--calib", "n_calib", type=int, default=None,
@@ -305,6 +356,10 @@ def fhe_options(fn):
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+CKKS_OPTIONS = ("data_dir", "n_calib", "poly_modulus_degree", "scale_bits", "refresh", "reciprocal_tol",
+                "activation_tol", "max_degree", "margin")
 
 
 def _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
@@ -359,15 +414,21 @@ def print_ckks_report(rep: dict) -> None:
 
 def print_report(rep: dict) -> None:
     rows = [("scheme", rep["scheme"]), ("seq_len", rep["seq_len"]), ("n_bits", rep["n_bits"]),
-            ("PBS", rep["pbs_count"]), ("max bit width", rep["max_bit_width"])]
+            ("PBS", rep["pbs_count"]), ("max bit width", rep["max_bit_width"]),
+            ("rounding", "exact" if rep["exact_rounding"] else "approximate")]
     rows += [(f"params.{k}", v) for k, v in rep["params"].items()]
     rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
     rows += [(f"time.{k} (s)", "—" if v is None else f"{v:.3f}") for k, v in rep["timings_s"].items()]
+    rows += [("est. latency (s)", f"{rep['estimated_latency_s']:.1f}")]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         click.echo(f"  {k:<{width}}  {v}")
-    click.echo("  PBS per tag: " + ", ".join(f"{t} {n}" for t, n in sorted(rep["pbs_per_tag"].items())
-                                           if "." not in t or t.count(".") >= 2))
+    click.echo("\n  | stage | PBS | lookup input bits | max width | parameter sets (PBS each) | est. time share |")
+    click.echo("  |---|---|---|---|---|---|")
+    for r in rep["stages"]:
+        params = "; ".join(f"{p}: {n}" for p, n in r["params"].items()) or "—"
+        click.echo(f"  | {r['tag']} | {r['pbs']} | {r['lookup_input_bits'] or '—'} | {r['bit_width']} | {params} | "
+                   f"{100 * r['est_time_share']:.1f}% |")
 
 
 @main.command(name="compile")
@@ -377,36 +438,38 @@ def print_report(rep: dict) -> None:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Write client/ (with secret keys) and server/ (circuit + evaluation keys only) artifacts.")
 @click.option("--no-run", is_flag=True, help="Skip keygen and the timing run of one encrypted sample.")
-def compile_cmd(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_error, global_p_error, n_calib,
-                inputset, data_dir, poly_modulus_degree, scale_bits, refresh, reciprocal_tol, activation_tol,
-                max_degree, margin, json_path, out_dir, no_run) -> None:
+def compile_cmd(model_path, scheme, json_path, out_dir, no_run, **opts) -> None:
     """Compile MODEL_PATH into an encrypted program and print its cost report."""
     if scheme == "ckks":
-        _compile_ckks_cmd(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
-                          activation_tol, max_degree, margin, json_path, out_dir, no_run)
+        _compile_ckks_cmd(model_path, *(opts[k] for k in CKKS_OPTIONS), json_path, out_dir, no_run)
         return
-    click.echo(f"compiling {model_path} for TFHE at {n_bits} bits ...")
-    _, data, compiled = _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits or None, p_error,
-                                 global_p_error, n_calib, inputset, range_mode=range_mode)
+    click.echo(f"compiling {model_path} for TFHE ...")
+    _, data, compiled = _compile(model_path, opts)
+    q = compiled.program.config
+    click.echo(f"quantization: {q.n_bits}-bit activations, {q.w_bits}-bit weights, {q.in_bits}-bit inputs, "
+               f"attention {q.bits_for('block0.mix.qk')} bits, lookups <= {q.lut_bits or 'unrounded'} bits, "
+               f"{q.range_mode.value} ranges")
     if not no_run:
-        click.echo("generating keys and running one encrypted test sample ...")
-        compiled.keygen()
+        _keygen_checked(compiled)
+        click.echo("running one encrypted test sample ...")
         x = data.x_test[:1]
         got = compiled.backend.encrypt_run_decrypt(compiled.program.quantize_input(x)[0])
         want, _ = compiled.program.run_int(compiled.program.quantize_input(x), "clip")
         click.echo(f"encrypted output equals the clear integer program: {bool(np.array_equal(got, want[0]))}")
-    _report_and_save(compiled, print_report, json_path, out_dir, "no secret key", keygen_first=no_run)
+    _report_and_save(compiled, print_report, json_path, out_dir, "no secret key",
+                     keygen_first=(lambda: _keygen_checked(compiled)) if no_run else None)
 
 
-def _report_and_save(compiled, print_fn, json_path, out_dir, server_label: str, keygen_first: bool = False) -> None:
-    """Print the cost report, write it as JSON, and write the client/server artifacts (both schemes)."""
+def _report_and_save(compiled, print_fn, json_path, out_dir, server_label: str, keygen_first=None) -> None:
+    """Print the cost report, write it as JSON, and write the client/server artifacts (both schemes);
+    ``keygen_first``: what generates the keys when they do not exist yet."""
     rep = compiled.report()
     print_fn(rep)
     if json_path:
         json_path.write_text(json.dumps(rep, indent=2))
     if out_dir:
         if keygen_first:
-            compiled.keygen()
+            keygen_first()
         paths = compiled.save(out_dir, include_secret_key=True)
         click.echo(f"server artifact ({server_label}): {paths['server']}; client artifact: {paths['client']}")
 
@@ -485,9 +548,7 @@ def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
 @click.option("--n", "n_samples", type=int, default=20, show_default=True, help="Test samples.")
 @click.option("--mode", type=click.Choice(["simulate", "execute"]), default="simulate", show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
-def compare(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_error, global_p_error, n_calib, inputset,
-            data_dir, poly_modulus_degree, scale_bits, refresh, reciprocal_tol, activation_tol, max_degree, margin,
-            n_samples, mode, json_path) -> None:
+def compare(model_path, scheme, n_samples, mode, json_path, **opts) -> None:
     """Float vs clear-integer vs simulated/encrypted accuracy and agreement on N test samples
     (CKKS: float vs clear polynomial program vs encrypted, with output MSE)."""
     import time
@@ -497,15 +558,11 @@ def compare(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_e
     from models.training import predict
 
     if scheme == "ckks":
-        _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
-                      activation_tol, max_degree, margin, n_samples, mode, json_path)
+        _compare_ckks(model_path, *(opts[k] for k in CKKS_OPTIONS), n_samples, mode, json_path)
         return
-    _, data, compiled = _compile(model_path, data_dir, n_bits, rounding_bits, lut_bits or None, p_error,
-                                 global_p_error, n_calib, inputset, simulate_only=mode == "simulate",
-                                 range_mode=range_mode)
+    _, data, compiled = _compile(model_path, opts, simulate_only=mode == "simulate")
     if mode == "execute":
-        click.echo("generating keys ...")
-        compiled.keygen()
+        _keygen_checked(compiled)
     x, y = data.x_test[:n_samples], data.y_test[:n_samples].numpy()
     flt = predict(compiled.program.model, x).numpy()
     x_int = compiled.program.quantize_input(x)
@@ -519,7 +576,7 @@ def compare(model_path, scheme, n_bits, rounding_bits, lut_bits, range_mode, p_e
     fhe_out = np.stack(fhe_out)
     pred = {"float": flt.argmax(-1), "clear": clear.argmax(-1), mode: fhe_out.argmax(-1)}
     result = {
-        "n": int(len(y)), "mode": mode, "n_bits": n_bits,
+        "n": int(len(y)), "mode": mode, "n_bits": compiled.program.config.n_bits,
         "accuracy": {k: float((v == y).mean()) for k, v in pred.items()},
         "agreement": {f"{mode}_vs_clear": float((pred[mode] == pred["clear"]).mean()),
                       f"{mode}_vs_float": float((pred[mode] == pred["float"]).mean()),

@@ -25,7 +25,9 @@ class TfheParams:
 
     ``p_error``: probability that one PBS returns a wrong value; ``global_p_error``: for the whole
     circuit (Concrete takes the stricter). ``rounding_bits`` is applied by the quantizer (it changes
-    the integer program itself, so the clear and encrypted runs agree exactly).
+    the integer program itself, so the clear and encrypted runs agree exactly). ``exact_rounding``:
+    Concrete's exact rounding (extra PBS, encrypted == clear) or its approximate rounding (cheaper
+    lookups; values near a rounding boundary may read the neighbouring table entry).
     """
 
     n_bits: int = 6
@@ -35,6 +37,7 @@ class TfheParams:
     dataflow_parallelize: bool = False
     loop_parallelize: bool = True
     inputset_size: int = 500
+    exact_rounding: bool = True
 
     def __post_init__(self) -> None:
         if not 2 <= self.n_bits <= 16:

@@ -21,6 +21,7 @@ class AttentionKind(str, Enum):
 
 class NormKind(str, Enum):
     LAYERNORM = "layernorm"
+    BATCHNORM = "batchnorm"  # per-feature affine at inference: folded into the next linear layer, free under FHE
     NONE = "none"
 
 

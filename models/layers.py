@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from models.config import Activation, NormKind, TransformerConfig
 
 
+class TokenBatchNorm(nn.BatchNorm1d):
+    """BatchNorm over the feature axis of (B, T, C) activations, statistics pooled over batch and tokens.
+
+    At inference it is the per-feature affine map x·a + b (:meth:`inference_affine`), which
+    :func:`models.fold.fold_norms` merges into the linear layers that read it: normalisation that costs
+    nothing under encryption (no encrypted 1/√variance, unlike LayerNorm)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.transpose(1, 2)).transpose(1, 2)
+
+    def inference_affine(self) -> tuple[Tensor, Tensor]:
+        """(a, b) with eval-mode output x·a + b."""
+        a = self.weight / torch.sqrt(self.running_var + self.eps)
+        return a, self.bias - self.running_mean * a
+
+
 def make_norm(config: TransformerConfig) -> nn.Module:
-    """LayerNorm, or identity when ``norm=none`` (the TFHE-friendly choice: no encrypted 1/√var)."""
-    return nn.LayerNorm(config.d_model) if config.norm is NormKind.LAYERNORM else nn.Identity()
+    """LayerNorm, foldable BatchNorm, or identity when ``norm=none`` (no encrypted 1/√var)."""
+    if config.norm is NormKind.LAYERNORM:
+        return nn.LayerNorm(config.d_model)
+    if config.norm is NormKind.BATCHNORM:
+        return TokenBatchNorm(config.d_model)
+    return nn.Identity()
 
 
 def make_activation(kind: Activation) -> nn.Module:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from enum import Enum
+
+# the requantisation points that feed attention: Q, K (shared for the Inhibitor) and V of every block
+ATTENTION_POINT = re.compile(r"^block\d+\.mix\.(q|k|v|qk)(\.out)?$")
 
 
 class Granularity(str, Enum):
@@ -29,6 +33,8 @@ class QuantConfig:
     (concrete's ``round_bit_pattern``); 0 disables.
     ``lut_bits``: instead, round each lookup's input just enough that it reads at most this many bits
     (chosen per lookup from its calibrated range; TFHE's PBS cost grows steeply with this width).
+    ``attention_bits`` (default ``n_bits``): the Q, K and V requantisations, which set the width of
+    every attention lookup (|q − k|, (v − z)⁺, ...): the T²-sized part of the circuit.
     ``bits_overrides``: per-requantisation-point n_bits, keyed by point name prefix
     (e.g. ``{"block0.attn": 8}``).
     """
@@ -43,13 +49,16 @@ class QuantConfig:
     rounding_bits: int = 0
     lut_bits: int | None = None
     bits_overrides: tuple[tuple[str, int], ...] = ()
+    attention_bits: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weight_granularity", Granularity(self.weight_granularity))
         object.__setattr__(self, "range_mode", RangeMode(self.range_mode))
         if isinstance(self.bits_overrides, dict):
             object.__setattr__(self, "bits_overrides", tuple(sorted(self.bits_overrides.items())))
-        for name in ("n_bits", "weight_bits", "input_bits"):
+        if isinstance(self.bits_overrides, list):
+            object.__setattr__(self, "bits_overrides", tuple(tuple(kv) for kv in self.bits_overrides))
+        for name in ("n_bits", "weight_bits", "input_bits", "attention_bits"):
             v = getattr(self, name)
             if v is not None and not 2 <= v <= 16:
                 raise ValueError(f"QuantConfig.{name} must be in [2, 16], got {v}")
@@ -72,7 +81,25 @@ class QuantConfig:
         for prefix, bits in self.bits_overrides:
             if point.startswith(prefix):
                 return bits
+        if self.attention_bits is not None and ATTENTION_POINT.match(point):
+            return self.attention_bits
         return self.n_bits
 
     def replace(self, **changes) -> QuantConfig:
         return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able values (model files record the configuration a model was trained for)."""
+        out = dataclasses.asdict(self)
+        out["weight_granularity"] = self.weight_granularity.value
+        out["range_mode"] = self.range_mode.value
+        out["bits_overrides"] = [list(kv) for kv in self.bits_overrides]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> QuantConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown QuantConfig fields: {sorted(unknown)}")
+        return cls(**data)

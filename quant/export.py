@@ -19,6 +19,7 @@ from torch import Tensor
 
 from models.attention import functional as AF
 from models.config import Activation, AttentionKind, InputKind, NormKind
+from models.fold import fold_norms
 from models.transformer import Block, Transformer
 from quant.config import QuantConfig
 from quant.ir import Graph, OverflowPolicy
@@ -73,14 +74,15 @@ class QuantizedProgram:
         outs = []
         for i in range(0, len(x), batch_size):
             low = Lowering(self.config, self.fitted)
-            outs.append(lower_transformer(low, self.model, x[i : i + batch_size]).fake.numpy())
+            with torch.no_grad():
+                outs.append(lower_transformer(low, self.model, x[i : i + batch_size]).fake.numpy())
         return np.concatenate(outs)
 
 
 def export(model: Transformer, calib_x: Tensor, config: QuantConfig | None = None) -> QuantizedProgram:
     """Quantize ``model`` on calibration inputs ``calib_x`` (N, T, F) and calibrate the program."""
     config = config or QuantConfig()
-    model = model.eval()
+    model = fold_norms(model.eval())  # BatchNorm: folded into the linear layers, free under TFHE
     low = Lowering(config)
     with torch.no_grad():
         out = lower_transformer(low, model, torch.as_tensor(calib_x))
@@ -101,7 +103,8 @@ def check_exportable(model: Transformer) -> None:
                           "integer program yet; export a model with patch (feature-vector) inputs")
     if cfg.norm is NormKind.LAYERNORM:
         raise ExportError("LayerNorm has no TFHE integer lowering (it divides by an encrypted square root of the "
-                          "variance). Retrain with `--norm none`, the configuration the TFHE path recommends.")
+                          "variance). Retrain with `--norm batchnorm` (folded into the linear layers at export: "
+                          "free under encryption; the `fhe train` default) or `--norm none`.")
     if cfg.attention is AttentionKind.DCT and cfg.dct_ideal:
         raise ExportError("DCT-Former Algorithm 2 ('ideal') is an evaluation device with a full T×T matrix; "
                           "export the efficient Algorithm 1 (dct_ideal=False)")
@@ -110,49 +113,53 @@ def check_exportable(model: Transformer) -> None:
 def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
     check_exportable(model)
     cfg = model.config
-    with torch.no_grad():
-        inp, _ = low.input(x)
-        T = inp.shape[0]
-        h = low.linear(inp, model.embed.weight, model.embed.bias, "embed", "embed")
-        h = low.add_const(h, model.pos[:T].detach().double().numpy(), "embed.pos", "embed")
-        h = low.requant(h, "embed.out", "embed", signed=True)
-        for b, block in enumerate(model.blocks):
-            h = lower_block(low, block, h, f"block{b}", cfg)
-        pooled = low.sum(h, -2, "pool", "head")  # mean pooling: the 1/T goes into the output scale
-        out = low.linear(pooled, model.head.weight, model.head.bias, "head", "head", bias_multiplier=T)
-        out.scale = out.scale / T
-        out.fake = out.fake / T
+    inp, _ = low.input(x)
+    T = inp.shape[0]
+    h = low.linear(inp, model.embed.weight, model.embed.bias, "embed", "embed")
+    h = low.add_const(h, model.pos[:T], "embed.pos", "embed")
+    h = low.requant(h, "embed.out", "embed", signed=True)
+    for b, block in enumerate(model.blocks):
+        h = lower_block(low, block, h, f"block{b}", cfg)
+    pooled = low.sum(h, -2, "pool", "head")  # mean pooling: the 1/T goes into the output scale
+    out = low.linear(pooled, model.head.weight, model.head.bias, "head", "head", bias_multiplier=T)
+    out.scale = out.scale / T
+    out.fake = out.fake / T
     return out
 
 
 def lower_block(low: Lowering, block: Block, h: QValue, name: str, cfg) -> QValue:
-    mix = lower_mixer(low, block.mixer, h, f"{name}.mix", cfg)
-    h = residual(low, h, mix, f"{name}.res1")
+    mixed, proj = lower_mixer(low, block.mixer, h, f"{name}.mix", cfg)
+    h = residual(low, h, mixed, proj, f"{name}.res1", f"{name}.mix.proj")
     if block.has_ffn:
         ffn = block.ffn
         a = low.linear(h, ffn.fc1.weight, ffn.fc1.bias, f"{name}.ffn.fc1", f"{name}.ffn")
         act = torch.relu if cfg.ffn_activation is Activation.RELU else torch.nn.functional.gelu
         a = low.lut(a, act, f"{name}.ffn.act", f"{name}.ffn")  # Eq. (4): (XW₁ᵀ + b₁)⁺
-        a = low.linear(a, ffn.fc2.weight, ffn.fc2.bias, f"{name}.ffn.fc2", f"{name}.ffn")
-        h = residual(low, h, a, f"{name}.res2")
+        h = residual(low, h, a, ffn.fc2, f"{name}.res2", f"{name}.ffn")
     return h
 
 
-def residual(low: Lowering, h: QValue, branch: QValue, name: str) -> QValue:
-    """h + branch: the branch is requantized onto h's scale (wide enough for its range), added, and
-    the sum requantized to n bits for the next layer."""
-    q_h = low.quantizers.get(f"{name}.branch") if not low.fitting else None
-    if q_h is None:
-        amax = float(branch.fake.abs().max())
-        wide = max(low.config.bits_for(name), int(math.ceil(math.log2(amax / h.scale + 1))) + 1)
-        q_h = Quantizer(h.scale, 0, wide, True)
-        low.quantizers[f"{name}.branch"] = q_h
-    b = low.requant(branch, f"{name}.branch", name, quantizer=q_h)
-    s = low.add(h, b, f"{name}.sum", name)
+def residual(low: Lowering, h: QValue, x: QValue, layer: torch.nn.Linear, name: str, tag: str) -> QValue:
+    """h + layer(x), then requantized to n bits: one table lookup per element.
+
+    The branch's linear layer is quantized straight onto a refinement of h's grid: h is multiplied by a
+    clear integer m (leveled) and the layer's integer weights are round(W·s_x·m / s_h), with m chosen so
+    they span the weight bit width. The sum is then a plain integer addition, and the only lookup is the
+    requantisation of the sum (no separate lookup to bring the branch onto h's scale).
+    """
+    if isinstance(h.scale, np.ndarray) or isinstance(x.scale, np.ndarray):
+        raise ValueError(f"{name}: the residual needs per-tensor scales")
+    qmax_w = 2 ** (low.config.w_bits - 1) - 1
+    amax_w = float(layer.weight.detach().abs().max()) or 1.0
+    m = max(1, round(qmax_w * h.scale / (amax_w * x.scale)))
+    skip = low.mul_const(h, m, f"{name}.skip", name)
+    branch = low.linear(x, layer.weight, layer.bias, f"{name}.branch", tag, out_scale=h.scale / m)
+    s = low.add(skip, branch, f"{name}.sum", name)
     return low.requant(s, f"{name}.out", name, signed=True)
 
 
-def lower_mixer(low: Lowering, mixer, h: QValue, name: str, cfg) -> QValue:
+def lower_mixer(low: Lowering, mixer, h: QValue, name: str, cfg) -> tuple[QValue, torch.nn.Linear]:
+    """The token mixer up to its output projection: (its value, the projection layer)."""
     kind = cfg.attention
     if kind in (AttentionKind.ACTIVATOR, AttentionKind.GEGLU_ONLY):
         return lower_geglu(low, mixer, h, name)
@@ -186,8 +193,7 @@ def lower_mixer(low: Lowering, mixer, h: QValue, name: str, cfg) -> QValue:
             out = lower_normalized(low, q, k, v, f"{name}.attn", exp_scores())
     out = low.transpose(out, (1, 0, 2), f"{name}.merge.t")  # (T, nh, dh)
     out = low.reshape(out, (T, nh * dh), f"{name}.merge")
-    out = low.requant(out, f"{name}.attn.out", f"{name}.attn", signed=True)
-    return low.linear(out, mixer.out_proj.weight, mixer.out_proj.bias, f"{name}.proj", f"{name}.proj")
+    return out, mixer.out_proj  # the residual applies the output projection (no lookup in between)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -305,7 +311,7 @@ def lower_dct(low: Lowering, mixer, q: QValue, k: QValue, v: QValue, name: str) 
     return low.matmul_left(D.T.copy(), a, f"{name}.idct", f"{name}.dct")
 
 
-def lower_geglu(low: Lowering, unit, h: QValue, name: str) -> QValue:
+def lower_geglu(low: Lowering, unit, h: QValue, name: str) -> tuple[QValue, torch.nn.Linear]:
     """Activator GEGLU unit (Eqs. 8-10) without inner norms: Down(Up₁x ⊙ GELU(Up₂x))."""
     u = low.linear(h, unit.up_value.weight, unit.up_value.bias, f"{name}.up", f"{name}.geglu")
     g = low.linear(h, unit.up_gate.weight, unit.up_gate.bias, f"{name}.gate", f"{name}.geglu")
@@ -313,4 +319,4 @@ def lower_geglu(low: Lowering, unit, h: QValue, name: str) -> QValue:
     g = low.lut(g, torch.nn.functional.gelu, f"{name}.gelu", f"{name}.geglu", signed=True)  # P2
     p = low.requant(low.mul(u, g, f"{name}.prod", f"{name}.geglu"), f"{name}.prod.out", f"{name}.geglu",
                     signed=True)
-    return low.linear(p, unit.down.weight, unit.down.bias, f"{name}.down", f"{name}.geglu")
+    return p, unit.down

@@ -1,6 +1,11 @@
 """The primitive of post-training quantization: build the integer program and its fake-quantized
 float twin side by side, fitting each requantisation point on the calibration data as it goes.
 
+With ``differentiable=True`` the fake-quantized twin carries gradients (straight-through estimators
+on every rounding, clipped at each quantizer's range): training through it is quantization-aware
+training of the integer program itself (:mod:`quant.program_qat`), so the exported program computes
+exactly the forward that training saw.
+
 Every value is a :class:`QValue`: an integer graph node whose float meaning is ``int * scale`` (scale
 per tensor, or per channel on the last axis), together with the fake-quantized float64 tensor of the
 same value on the current batch. In *fit* mode each requantisation point fits its quantizer on the
@@ -50,6 +55,11 @@ class Range:
     hi: float
 
 
+def _ste(exact: Tensor, smooth: Tensor) -> Tensor:
+    """``exact`` in the forward pass, the gradient of ``smooth`` in the backward pass."""
+    return smooth + (exact - smooth).detach()
+
+
 def _scale_t(scale: Scale) -> Tensor | float:
     return torch.from_numpy(np.asarray(scale, dtype=np.float64)) if isinstance(scale, np.ndarray) else scale
 
@@ -57,8 +67,10 @@ def _scale_t(scale: Scale) -> Tensor | float:
 class Lowering:
     """Emits graph nodes and computes fake-quantized tensors for one pass over a batch."""
 
-    def __init__(self, config: QuantConfig, fitted: Fitted | None = None, keep_values: bool = False) -> None:
+    def __init__(self, config: QuantConfig, fitted: Fitted | None = None, keep_values: bool = False,
+                 differentiable: bool = False) -> None:
         self.config = config
+        self.differentiable = differentiable
         self.fitting = fitted is None
         self.fitted = Fitted() if fitted is None else fitted
         self.quantizers = self.fitted.quantizers
@@ -66,6 +78,22 @@ class Lowering:
         self.graph = Graph()
         self.keep_values = keep_values
         self.values: dict[str, QValue] = {}  # node name -> QValue on this batch (diagnostics; opt-in: memory)
+
+    def _fake(self, q: Quantizer, t: Tensor) -> Tensor:
+        """q's quantize-dequantize of ``t``; straight-through (inside q's range) when differentiable."""
+        out = q.fake(t)
+        if not self.differentiable:
+            return out
+        lo, hi = (q.qmin - q.zero_point) * q.scale, (q.qmax - q.zero_point) * q.scale
+        return _ste(out, torch.clamp(t, lo, hi))
+
+    def _const(self, exact: np.ndarray, value: Tensor | np.ndarray) -> Tensor:
+        """A quantized constant (weights, biases) as a tensor; straight-through to ``value`` when
+        differentiable and ``value`` is a tensor (a model parameter)."""
+        out = torch.from_numpy(np.asarray(exact, dtype=np.float64))
+        if self.differentiable and isinstance(value, Tensor):
+            return _ste(out, value.double())
+        return out
 
     def _out(self, node: str, scale: Scale, fake: Tensor) -> QValue:
         value = QValue(node, scale, fake)
@@ -75,6 +103,7 @@ class Lowering:
 
     # ------------------------------------------------------------------------------ bookkeeping
     def record(self, name: str, t: Tensor) -> None:
+        t = t.detach()
         self.ranges[name] = Range(float(t.min()), float(t.max()))
 
     def fit(self, point: str, values: Tensor, bits: int | None = None, signed: bool | None = None) -> Quantizer:
@@ -112,25 +141,31 @@ class Lowering:
         if q.zero_point:
             node = self.graph.add(f"{name}.center", "add_const", (node,), tag="input",
                                   value=np.int64(-q.zero_point))
-        return self._out(node, q.scale, q.fake(x)), q
+        return self._out(node, q.scale, self._fake(q, x)), q
 
     # ---------------------------------------------------------------------------- leveled ops
     def linear(self, x: QValue, weight: Tensor, bias: Tensor | None, name: str, tag: str,
-               bias_multiplier: float = 1.0) -> QValue:
+               bias_multiplier: float = 1.0, out_scale: float | None = None) -> QValue:
         """x @ Wᵀ + b with clear integer weights; the output scale is s_x · s_w.
 
-        ``bias_multiplier`` scales the bias before quantization (a pooled sum instead of a mean).
+        ``bias_multiplier`` scales the bias before quantization (a pooled sum instead of a mean);
+        ``out_scale`` fixes the output scale (the weight grid becomes out_scale / s_x).
         """
         if isinstance(x.scale, np.ndarray):
             raise ValueError(f"{name}: a linear layer needs a per-tensor input scale")
         w = weight.detach().double().numpy().T  # (in, out)
-        per_channel = self.config.weight_granularity.value == "per-channel"
-        w_int, s_w = quantize_weight(w, self.config.w_bits, per_channel)
+        per_channel = self.config.weight_granularity.value == "per-channel" and out_scale is None
+        if out_scale is None:
+            w_int, s_w = quantize_weight(w, self.config.w_bits, per_channel)
+        else:
+            s_w = np.asarray(out_scale / x.scale, dtype=np.float64)
+            w_int = np.round(w / s_w).astype(np.int64)
         scale = x.scale * s_w
         b = np.zeros(w.shape[1]) if bias is None else bias.detach().double().numpy() * bias_multiplier
         b_int = np.round(b / scale).astype(np.int64)
         node = self.graph.add(name, "linear", (x.node,), tag=tag, weight=w_int, bias=b_int)
-        fake = x.fake @ torch.from_numpy(w_int * s_w) + torch.from_numpy(b_int * scale)
+        b_t = None if bias is None else bias * bias_multiplier
+        fake = x.fake @ self._const(w_int * s_w, weight.T) + self._const(b_int * scale, b_t)
         self.record(name, fake)
         return self._out(node, scale if per_channel else float(scale), fake)
 
@@ -145,13 +180,19 @@ class Lowering:
         self.record(name, fake)
         return self._out(node, x.scale * float(s_m), fake)
 
-    def add_const(self, x: QValue, value: np.ndarray, name: str, tag: str) -> QValue:
+    def add_const(self, x: QValue, value: Tensor | np.ndarray, name: str, tag: str) -> QValue:
         """x + c, with the float constant c quantized to x's scale."""
-        c_int = np.round(value / x.scale).astype(np.int64)
+        v = value.detach().double().numpy() if isinstance(value, Tensor) else np.asarray(value, dtype=np.float64)
+        c_int = np.round(v / x.scale).astype(np.int64)
         node = self.graph.add(name, "add_const", (x.node,), tag=tag, value=c_int)
-        fake = x.fake + torch.from_numpy(c_int * x.scale)
+        fake = x.fake + self._const(c_int * x.scale, value)
         self.record(name, fake)
         return self._out(node, x.scale, fake)
+
+    def mul_const(self, x: QValue, m: int, name: str, tag: str) -> QValue:
+        """x · m for a clear integer m: the same values on a grid m times finer (leveled)."""
+        node = self.graph.add(name, "mul_const", (x.node,), tag=tag, value=np.int64(m))
+        return self._out(node, _mul_scale(x.scale, 1.0 / m), x.fake)  # same real values, finer grid
 
     def _same_scale(self, a: QValue, b: QValue, what: str) -> None:
         if not np.allclose(a.scale, b.scale, rtol=1e-12):
@@ -217,7 +258,7 @@ class Lowering:
         node = self.graph.add(point, "lut", (x.node,), tag=tag, fn=table, shape=x.shape, rounding_bits=r,
                               per_channel=isinstance(x.scale, np.ndarray),
                               out_range=(q.qmin - q.zero_point, q.qmax - q.zero_point))
-        return self._out(node, q.scale, q.fake(y))
+        return self._out(node, q.scale, self._fake(q, y))
 
     def lut_exact(self, x: QValue, fn_int: Callable[[Tensor], Tensor], name: str, tag: str,
                   rounding: bool = False) -> QValue:
@@ -259,7 +300,7 @@ class Lowering:
         if self.config.lut_bits is None:
             return self.config.rounding_bits
         if self.fitting:
-            ints = torch.round(x.fake / _scale_t(x.scale))
+            ints = torch.round(x.fake.detach() / _scale_t(x.scale))
             bits = value_bits(int(ints.min()), int(ints.max()))
             self.fitted.rounding[point] = max(0, bits - self.config.lut_bits)
         return self.fitted.rounding[point]
@@ -269,8 +310,9 @@ class Lowering:
         int * scale up to float rounding), rounded by ``r`` bits like the program, times the scale.
         Evaluating the lookup's function on ``int * scale`` in both paths makes ties round alike."""
         scale_t = _scale_t(x.scale)
-        ints = torch.round(x.fake / scale_t).to(torch.int64).numpy()
-        return torch.from_numpy(round_bit_pattern(ints, r).astype(np.float64)) * scale_t
+        ints = torch.round(x.fake.detach() / scale_t).to(torch.int64).numpy()
+        out = torch.from_numpy(round_bit_pattern(ints, r).astype(np.float64)) * scale_t
+        return _ste(out, x.fake) if self.differentiable else out
 
 
 def _mul_scale(a: Scale, b: Scale) -> Scale:

@@ -21,10 +21,11 @@ from concrete import fhe
 from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
+from fhe.tfhe_recipe import preflight, stage_table
 from quant.ir import FREE_OPS, SHARED_OPS, Graph
 
 
-def _rounded(node, x, input_bits: int | None):
+def _rounded(node, x, input_bits: int | None, exact: bool = True):
     """A lookup's input rounded by the node's ``rounding_bits``, with the input's width pinned.
 
     Concrete (2.11) re-sizes the result of ``round_bit_pattern`` from the rounded values it sees; when
@@ -34,11 +35,12 @@ def _rounded(node, x, input_bits: int | None):
     r = node.attrs.get("rounding_bits", 0)
     if not r:
         return x
-    rounded = fhe.round_bit_pattern(x, lsbs_to_remove=r)
+    exactness = fhe.Exactness.EXACT if exact else fhe.Exactness.APPROXIMATE
+    rounded = fhe.round_bit_pattern(x, lsbs_to_remove=r, exactness=exactness)
     return rounded if input_bits is None else fhe.hint(rounded, bit_width=input_bits)
 
 
-def _lower_node(node, args, input_bits: int | None = None):
+def _lower_node(node, args, input_bits: int | None = None, exact: bool = True):
     a = node.attrs
     op = node.op
     if op in SHARED_OPS:
@@ -47,7 +49,7 @@ def _lower_node(node, args, input_bits: int | None = None):
         if a.get("per_channel"):
             raise ValueError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
                              "quantize with per-tensor weights")
-        return fhe.univariate(a["fn"])(_rounded(node, args[0], input_bits))
+        return fhe.univariate(a["fn"])(_rounded(node, args[0], input_bits, exact))
     if op in ("mul", "matmul"):
         return _product(node, args)
     if op == "reshape":
@@ -80,8 +82,13 @@ def _product(node, args):
     return np.sum(prods, axis=-2) if node.op == "matmul" else prods
 
 
-def to_concrete_function(graph: Graph):
-    """A python function of one encrypted argument ``x`` that Concrete can trace."""
+def to_concrete_function(graph: Graph, exact_rounding: bool = True):
+    """A python function of one encrypted argument ``x`` that Concrete can trace.
+
+    ``exact_rounding=False`` lowers every rounding with Concrete's approximate rounding: no PBS to
+    clear the rounded-away bits, and lookups on far smaller parameter sets, at the price of reading the
+    neighbouring table entry for inputs close to a rounding boundary (the clear program no longer
+    predicts every encrypted value exactly; ``fhe compare`` measures the effect)."""
 
     def circuit(x):
         env = {}
@@ -92,7 +99,7 @@ def to_concrete_function(graph: Graph):
             args = [env[i] for i in node.inputs]
             with fhe.tag(node.tag) if node.tag else contextlib.nullcontext():
                 src = graph.nodes[node.inputs[0]] if node.inputs else None
-                value = _lower_node(node, args, None if src is None else src.bits)
+                value = _lower_node(node, args, None if src is None else src.bits, exact_rounding)
                 if node.bits is not None and node.op not in FREE_OPS:
                     # the width calibration fixed (inputsets may be smaller than calibration sets)
                     value = fhe.hint(value, bit_width=node.bits)
@@ -152,7 +159,7 @@ class TfheBackend:
             show_progress=False, p_error=params.p_error, global_p_error=params.global_p_error,
             dataflow_parallelize=params.dataflow_parallelize, loop_parallelize=params.loop_parallelize,
             fhe_simulation=True, fhe_execution=not simulate_only, detect_overflow_in_simulation=False)
-        compiler = fhe.Compiler(to_concrete_function(graph), {"x": "encrypted"})
+        compiler = fhe.Compiler(to_concrete_function(graph, params.exact_rounding), {"x": "encrypted"})
         start = time.perf_counter()
         circuit = compiler.compile(inputset, config)
         meta = dict(meta or {})
@@ -212,6 +219,9 @@ class TfheBackend:
             "global_p_error": float(c.global_p_error),
             "complexity": float(c.complexity),
             "pbs_estimate_ir": self.graph.pbs_estimate(),
+            "exact_rounding": self.params.exact_rounding,
+            "stages": stage_table(c, self.graph),
+            "estimated_latency_s": preflight(c).estimated_latency_s,
         }
 
     # --------------------------------------------------------------------------- artifacts

@@ -26,6 +26,7 @@ from fhe.ckks import approx as A
 from fhe.ckks.arith import Arith, ClearArith, Val
 from fhe.errors import FheError
 from models.config import Activation, AttentionKind, InputKind, NormKind, TransformerConfig
+from models.fold import fold_norms
 from models.transformer import Transformer
 
 
@@ -315,7 +316,9 @@ def check_model(config: TransformerConfig) -> None:
 
 def build_program(model: Transformer, calib_x: torch.Tensor | np.ndarray,
                   approx: A.ApproxConfig | None = None) -> PolyProgram:
-    """Calibrate ``model``'s polynomial program on ``calib_x`` and fix every approximation."""
+    """Calibrate ``model``'s polynomial program on ``calib_x`` and fix every approximation (a
+    BatchNorm model is compiled with its norms folded into the linear layers: free)."""
+    model = fold_norms(model)
     check_model(model.config)
     weights = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
     program = PolyProgram(model.config, weights, approx or A.ApproxConfig())

@@ -27,5 +27,9 @@ class GEGLUUnit(nn.Module):
         self.down = nn.Linear(hidden, config.d_model)
         self.normalize = config.norm is NormKind.LAYERNORM
 
+    def input_linears(self) -> list[nn.Linear]:
+        """The linear layers that read the unit's input (a preceding norm folds into them)."""
+        return [self.up_value, self.up_gate]
+
     def forward(self, x: Tensor) -> Tensor:  # (B, T, C)
         return self.down(AF.geglu(self.up_value(x), self.up_gate(x), normalize=self.normalize))

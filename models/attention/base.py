@@ -19,6 +19,10 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(config.d_model, config.d_model)
         self.out_proj = nn.Linear(config.d_model, config.d_model)
 
+    def input_linears(self) -> list[nn.Linear]:
+        """The linear layers that read the mixer's input (a preceding norm folds into them)."""
+        return [self.q_proj, self.k_proj, self.v_proj]
+
     def split(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, nh, T, dh)

@@ -49,7 +49,8 @@ def test_fhe_commands_fail_clearly(tiny_model, tmp_path):
     res = CliRunner().invoke(main, ["compile", str(tiny_model), "--scheme", "ckks"])
     assert res.exit_code == 1 and "no polynomial form" in res.output and "--scheme tfhe" in res.output
     ln = tmp_path / "ln.pt"
-    CliRunner().invoke(main, ["train", "--d-model", "4", "--heads", "1", "--epochs", "1", "--quiet", "-o", str(ln)])
+    CliRunner().invoke(main, ["train", "--d-model", "4", "--heads", "1", "--epochs", "1", "--norm", "layernorm",
+                              "--quiet", "-o", str(ln)])
     res = CliRunner().invoke(main, ["compile", str(ln)])
     assert res.exit_code == 1 and "--norm none" in res.output
     res = CliRunner().invoke(main, ["compile", str(tmp_path / "missing.pt")])

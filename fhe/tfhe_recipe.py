@@ -1,0 +1,117 @@
+"""TFHE defaults, the per-stage cost table, and the pre-flight check before keygen.
+
+The default quantization keeps every programmable bootstrap (PBS) small (benchmarks/results/tfhe_model.md):
+activations at 6 bits, Q/K/V (which set the width of every T²-sized attention lookup) at 4 bits,
+weights and inputs at 4 bits, every lookup input rounded to at most 5 bits, percentile ranges. A model
+trained with ``fhe train --qat-bits`` records the configuration it was trained for, and compiling it
+uses that record unless an option overrides it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from fhe.errors import FheError
+from quant import QuantConfig
+
+DEFAULT_QUANT = QuantConfig(n_bits=6, weight_bits=4, input_bits=4, attention_bits=4, lut_bits=5,
+                            range_mode="percentile")
+
+# Seconds of encrypted run per unit of Concrete's circuit complexity, measured on this project's 2-core
+# machine (concrete-python 2.11, loop parallelism on): 5.4e-11 to 6.4e-11 over five whole models from
+# 0.5e12 to 1.9e12 (benchmarks/results/tfhe_model.md). An estimate for planning, not a promise.
+SECONDS_PER_COMPLEXITY = 6.0e-11
+KEYGEN_MEMORY_FACTOR = 2.0  # keygen holds the keys and their serialisation at once
+
+
+class KeysTooLargeError(FheError):
+    """The evaluation keys would not fit in this machine's memory."""
+
+
+def resolve_quant(recorded: dict | None = None, **overrides) -> QuantConfig:
+    """The quantization to compile with: what the model file records (else :data:`DEFAULT_QUANT`),
+    with every option the user gave (not None) applied on top; ``lut_bits=0`` turns rounding off."""
+    base = QuantConfig.from_dict(recorded) if recorded else DEFAULT_QUANT
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if changes.get("lut_bits") == 0:
+        changes["lut_bits"] = None
+    return base.replace(**changes)
+
+
+def pbs_cost(param) -> float:
+    """Relative cost of one PBS with Concrete parameter ``param``: n·ℓ external products, each
+    (k+1)² polynomial products of size N by FFT."""
+    k, n, big_n = param.glwe_dimension(), param.input_lwe_dimension(), param.polynomial_size()
+    return n * param.level() * (k + 1) ** 2 * big_n * math.log2(big_n)
+
+
+def _param_label(param) -> str:
+    return f"N={param.polynomial_size()} k={param.glwe_dimension()} n={param.input_lwe_dimension()}"
+
+
+def stage_table(circuit, graph) -> list[dict]:
+    """Per stage (the tags the program's nodes carry): PBS, widest lookup input (after rounding),
+    widest integer, parameter sets with their PBS, and the estimated share of the run time (PBS
+    weighted by :func:`pbs_cost`)."""
+    per_tag = circuit.programmable_bootstrap_count_per_tag_per_parameter
+    lut_bits: dict[str, int] = {}
+    for node in graph.nodes.values():
+        if node.op == "lut" and node.tag:
+            lut_bits[node.tag] = max(lut_bits.get(node.tag, 0), node.lut_input_bits(graph) or 0)
+    rows = []
+    for tag in sorted({n.tag for n in graph.nodes.values() if n.tag and n.op != "input"}):
+        counts = per_tag.get(tag, {})
+        rows.append({"tag": tag, "pbs": int(sum(counts.values())), "lookup_input_bits": lut_bits.get(tag),
+                     "bit_width": int(circuit.graph.maximum_integer_bit_width(tag_filter=tag)),
+                     "params": {_param_label(p): int(n) for p, n in counts.items()},
+                     "cost": sum(pbs_cost(p) * n for p, n in counts.items())})
+    total = sum(r["cost"] for r in rows) or 1.0
+    for r in rows:
+        r["est_time_share"] = round(r.pop("cost") / total, 4)
+    return rows
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else a large number."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62
+
+
+@dataclass(frozen=True)
+class Preflight:
+    evaluation_key_bytes: int
+    estimated_latency_s: float
+    available_memory_bytes: int
+
+    @property
+    def keygen_memory_bytes(self) -> int:
+        return int(self.evaluation_key_bytes * KEYGEN_MEMORY_FACTOR)
+
+    def describe(self) -> str:
+        return (f"expected evaluation keys {self.evaluation_key_bytes / 2**20:.0f} MiB, estimated encrypted "
+                f"latency {self.estimated_latency_s:.1f} s per sample on 2 cores (from the circuit's complexity)")
+
+    def check(self) -> None:
+        """Raises :class:`KeysTooLargeError` with the fixes when keygen would not fit in memory."""
+        if self.keygen_memory_bytes > self.available_memory_bytes:
+            raise KeysTooLargeError(
+                f"keygen needs about {self.keygen_memory_bytes / 2**30:.1f} GiB "
+                f"({self.evaluation_key_bytes / 2**30:.1f} GiB of evaluation keys) but only "
+                f"{self.available_memory_bytes / 2**30:.1f} GiB is available. Make the lookups smaller: "
+                "--lut-bits 5 (or lower), --attention-bits 4, --weight-bits 4, fewer tokens (--patch when "
+                "training), or a smaller --d-model; `--no-run` still prints the cost report.")
+
+
+def preflight(circuit, memory_bytes: int | None = None) -> Preflight:
+    keys = int(circuit.size_of_bootstrap_keys + circuit.size_of_keyswitch_keys)
+    env_memory = os.environ.get("FHE_AVAILABLE_MEMORY_BYTES")  # tests and constrained deployments
+    memory = memory_bytes or (int(env_memory) if env_memory else available_memory_bytes())
+    return Preflight(keys, float(circuit.complexity) * SECONDS_PER_COMPLEXITY, memory)

@@ -1,0 +1,83 @@
+"""TFHE defaults, the stage table and the pre-flight check; the default `fhe train` model compiles."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from circuits.attention import CircuitSpec, Variant, build
+from fhe.backends.tfhe import TfheBackend
+from fhe.cli import main
+from fhe.schemes import TfheParams
+from fhe.tfhe_recipe import DEFAULT_QUANT, KeysTooLargeError, preflight, resolve_quant
+from quant import QuantConfig
+
+FHE = Path(sys.executable).with_name("fhe")
+
+
+def test_resolve_quant_takes_the_record_then_the_options():
+    assert resolve_quant() == DEFAULT_QUANT
+    recorded = QuantConfig(n_bits=5, lut_bits=6).to_dict()
+    assert resolve_quant(recorded).n_bits == 5 and resolve_quant(recorded).lut_bits == 6
+    q = resolve_quant(recorded, n_bits=7, lut_bits=0, weight_bits=None)
+    assert q.n_bits == 7 and q.lut_bits is None and q.weight_bits is None
+
+
+@pytest.fixture(scope="module")
+def backend():
+    built = build(CircuitSpec(Variant.INHIBITOR, 2, d=2, n_bits=3, lut_bits=4))
+    return TfheBackend.compile(built.graph, built.calib_ints, TfheParams(n_bits=3, inputset_size=32),
+                               simulate_only=True)
+
+
+def test_stage_table_accounts_for_every_pbs(backend):
+    rep = backend.report()
+    stages = rep["stages"]
+    assert sum(r["pbs"] for r in stages) == rep["pbs_count"]
+    assert abs(sum(r["est_time_share"] for r in stages) - 1) < 1e-3
+    assert all(r["lookup_input_bits"] is None or r["lookup_input_bits"] <= 4 for r in stages)
+    assert rep["estimated_latency_s"] > 0
+
+
+def test_preflight_refuses_keys_that_do_not_fit(backend):
+    check = preflight(backend.circuit, memory_bytes=1)
+    with pytest.raises(KeysTooLargeError, match="--lut-bits"):
+        check.check()
+    preflight(backend.circuit, memory_bytes=1 << 40).check()
+    assert "MiB" in check.describe()
+
+
+@pytest.fixture(scope="module")
+def default_model(tmp_path_factory):
+    """`fhe train` with default options (BatchNorm), at a small width to keep the test short."""
+    path = tmp_path_factory.mktemp("default") / "model.pt"
+    res = CliRunner().invoke(main, ["train", "--d-model", "4", "--heads", "1", "--epochs", "3", "--quiet",
+                                    "-o", str(path)])
+    assert res.exit_code == 0, res.output
+    return path
+
+
+@pytest.mark.skipif(not FHE.exists(), reason="the fhe console script is not installed in this environment")
+def test_default_train_then_compile_runs_encrypted(default_model, tmp_path):
+    rep_path = tmp_path / "r.json"
+    res = subprocess.run([str(FHE), "compile", str(default_model), "--json", str(rep_path)], capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "expected evaluation keys" in res.stdout
+    assert "encrypted output equals the clear integer program: True" in res.stdout
+    rep = json.loads(rep_path.read_text())
+    assert max(r["lookup_input_bits"] or 0 for r in rep["stages"]) <= DEFAULT_QUANT.lut_bits
+
+
+@pytest.mark.skipif(not FHE.exists(), reason="the fhe console script is not installed in this environment")
+def test_compile_refuses_before_keygen_when_keys_will_not_fit(default_model):
+    env = {**os.environ, "FHE_AVAILABLE_MEMORY_BYTES": "1000000"}
+    res = subprocess.run([str(FHE), "compile", str(default_model)], capture_output=True, text=True, timeout=600,
+                         env=env)
+    assert res.returncode == 1
+    assert "keygen needs about" in res.stderr and "--lut-bits" in res.stderr
+    assert "generating keys" not in res.stdout
