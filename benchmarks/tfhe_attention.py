@@ -16,4 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fhe.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    main(["report", *sys.argv[1:]])
+    args = sys.argv[1:]
+    if "--out" not in args:
+        args += ["--out", str(Path(__file__).resolve().parent / "results")]
+    main(["report", *args])

@@ -12,6 +12,7 @@ import click
 import numpy as np
 
 from models.config import Activation, AttentionKind, NormKind
+from quant.config import DEFAULT_CALIB_SAMPLES
 
 KINDS = [k.value for k in AttentionKind]
 
@@ -28,7 +29,7 @@ def main() -> None:
 @click.option("--layers", type=int, default=None, help="Number of blocks (task preset if omitted).")
 @click.option("--d-model", type=int, default=None, help="Embedding width (task preset if omitted).")
 @click.option("--heads", type=int, default=None, help="Attention heads (task preset if omitted).")
-@click.option("--epochs", type=int, default=None, help="Training epochs (task preset if omitted).")
+@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Training epochs (task preset if omitted).")
 @click.option("--batch-size", type=int, default=None)
 @click.option("--lr", type=float, default=None)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -41,7 +42,7 @@ def main() -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Folder of the task's data files (mnist, imdb); default ../shared/data/<task>.")
 @click.option("--limit", type=int, default=None, help="Use only the first N training samples.")
-@click.option("--patch", type=int, default=None,
+@click.option("--patch", type=click.IntRange(min=1), default=None,
               help="Image tasks: tokens of PATCH x PATCH pixels instead of rows (digits --patch 4: 4 tokens of "
               "16 pixels; attention's encrypted cost grows with the square of the token count).")
 @click.option("--range-loss", "range_loss", type=float, default=0.0, show_default=True,
@@ -65,7 +66,8 @@ def main() -> None:
               help="After float training, fine-tune through the TFHE integer program itself (activations at N "
               "bits; the other widths from the TFHE defaults or the options below): its integer program then "
               "reproduces the QAT model exactly. The model file records the configuration for `fhe compile`.")
-@click.option("--qat-epochs", type=int, default=None, help="QAT fine-tuning epochs (default: --epochs).")
+@click.option("--qat-epochs", type=click.IntRange(min=1), default=None,
+              help="QAT fine-tuning epochs (default: --epochs).")
 @click.option("--qat-method", type=click.Choice(["program", "brevitas"]), default="program", show_default=True,
               help="program: through the exported integer program; brevitas: quantized linear layers only.")
 @click.option("--qat-attention-bits", type=int, default=None, help="QAT: Q/K/V bits (TFHE default 4).")
@@ -289,7 +291,7 @@ def _compile(model_path, opts: dict, simulate_only: bool = False):
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
-        compiled = compile_model(ckpt.model, data.x_train[:opts["n_calib"] or 500], params, qconfig,
+        compiled = compile_model(ckpt.model, data.x_train[:opts["n_calib"] or DEFAULT_CALIB_SAMPLES], params, qconfig,
                                  simulate_only=simulate_only,
                                  meta={"model_path": str(model_path), "task": ckpt.task["name"],
                                        "patch": (ckpt.task.get("meta") or {}).get("patch"),
@@ -318,7 +320,7 @@ def fhe_options(fn):
         click.option("--scheme", type=click.Choice(SCHEMES), default="tfhe", show_default=True),
         click.option("--n-bits", type=int, default=None,
                      help="TFHE activation bits (default: what the model was trained for with --qat-bits, else 6)."),
-        click.option("--weight-bits", type=int, default=None, help="TFHE weight bits (default 4)."),
+        click.option("--weight-bits", type=int, default=None, help="TFHE weight bits (default 5)."),
         click.option("--input-bits", type=int, default=None, help="TFHE input bits (default 4)."),
         click.option("--attention-bits", type=int, default=None,
                      help="TFHE bits of Q, K and V, which set the width of every attention lookup (default 4)."),
@@ -333,7 +335,7 @@ def fhe_options(fn):
         click.option("--p-error", type=float, default=None, help="Per-PBS error probability."),
         click.option("--global-p-error", type=float, default=1e-5, show_default=True),
         click.option("--calib", "n_calib", type=int, default=None,
-                     help="Calibration samples from the training split (default: 500 for TFHE; 5000 for CKKS, "
+                     help="Calibration samples from the training split (default: 2000 for TFHE; 5000 for CKKS, "
                      "whose polynomials diverge outside their intervals, so intervals must cover the tails)."),
         click.option("--inputset", type=int, default=500, show_default=True,
                      help="Calibration samples Concrete evaluates when compiling."),
@@ -449,6 +451,14 @@ def compile_cmd(model_path, scheme, json_path, out_dir, no_run, **opts) -> None:
     click.echo(f"quantization: {q.n_bits}-bit activations, {q.w_bits}-bit weights, {q.in_bits}-bit inputs, "
                f"attention {q.bits_for('block0.mix.qk')} bits, lookups <= {q.lut_bits or 'unrounded'} bits, "
                f"{q.range_mode.value} ranges")
+    calib_x = data.x_train[: opts["n_calib"] or DEFAULT_CALIB_SAMPLES]
+    check = compiled.verify(calib_x, limit=len(calib_x))
+    click.echo(check.describe())
+    if not check.exact and compiled.backend.params.exact_rounding:
+        raise click.ClickException(
+            "the compiled circuit does not compute the integer program (Concrete's simulation differs on "
+            f"{check.n - check.n_equal} calibration samples); refusing to produce keys or artifacts. Please report it "
+            "with the model file; --lut-bits 0 (no rounding) is a workaround to try.")
     if not no_run:
         _keygen_checked(compiled)
         click.echo("running one encrypted test sample ...")
@@ -499,7 +509,7 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
 
     from models.tasks import load_task
 
-    if (artifact_dir / "server" / "program.pkl").exists():
+    if (artifact_dir / "server" / "program.json").exists():
         _run_ckks(artifact_dir, sample, data_dir)
         return
     from fhe.backends.tfhe import TfheClient, TfheServer
@@ -582,11 +592,17 @@ def compare(model_path, scheme, n_samples, mode, json_path, **opts) -> None:
                       f"{mode}_vs_float": float((pred[mode] == pred["float"]).mean()),
                       "clear_vs_float": float((pred["clear"] == pred["float"]).mean())},
         "exact_integer_match": float((fhe_out == clear).all(axis=-1).mean()),
+        # a value outside its calibrated width is saturated in the clear run but wraps around encrypted
+        "samples_outside_calibrated_widths": sum(bool(compiled.program.run_int(xi[None], "clip")[1]) for xi in x_int),
         "latency_s": {"median": float(np.median(latencies)), "mean": float(np.mean(latencies))},
         "pbs_count": compiled.report()["pbs_count"],
     }
     for k, v in result.items():
         click.echo(f"{k:>20}: {v}")
+    if result["samples_outside_calibrated_widths"]:
+        click.echo(f"warning: {result['samples_outside_calibrated_widths']} sample(s) produced a value outside the "
+                   "calibrated bit widths; their encrypted results can differ from the clear program (calibrate on "
+                   "more representative data: --calib)", err=True)
     if json_path:
         json_path.write_text(json.dumps(result, indent=2))
 
@@ -615,8 +631,8 @@ def _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits
               help="Comma list of inhibitor, signed-inhibitor, dot-product, power-softmax, dct, geglu.")
 @click.option("--mode", type=click.Choice(["simulate", "execute"]), default="execute", show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Encrypted runs per circuit (median).")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("benchmarks/results"),
-              show_default=True)
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("reports"), show_default=True,
+              help="Folder for the Markdown, JSON and PNG (benchmarks/tfhe_attention.py writes benchmarks/results).")
 @click.option("--stem", default="tfhe_attention", show_default=True)
 def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem) -> None:
     """Sweep single-head attention circuits over sequence lengths: PBS, bit widths, crypto parameters,

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from fhe.artifacts import atomic_save
 from fhe.backends import backend_for
 from fhe.schemes import CkksParams, Scheme, TfheParams
 from models.transformer import Transformer
@@ -69,7 +70,44 @@ class CompiledModel:
         return self.backend.report()
 
     def save(self, directory, include_secret_key: bool = False) -> dict:
-        return self.backend.save(directory, include_secret_key=include_secret_key)
+        """Writes ``server/`` and (with ``include_secret_key``) ``client/``, each with a manifest of
+        SHA-256 digests, through a temporary folder renamed into place."""
+        return atomic_save(directory, lambda tmp: self.backend.save(tmp, include_secret_key=include_secret_key),
+                           self.backend.scheme.value)
+
+    def verify(self, x, limit: int = 500) -> SimulationCheck:
+        """Concrete's simulation of the compiled circuit against the clear integer program on up to
+        ``limit`` inputs (cheap: milliseconds per sample). With exact rounding the two must be equal
+        everywhere; a difference means the circuit does not compute the program."""
+        x_int = self.program.quantize_input(np.asarray(x)[:limit])
+        clear, _ = self.program.run_int(x_int, "clip")
+        sim = np.stack([self.backend.simulate(xi) for xi in x_int])
+        equal = (sim == clear).all(axis=tuple(range(1, sim.ndim)))
+        bad = np.flatnonzero(~equal)
+        return SimulationCheck(len(x_int), int(equal.sum()), int(bad[0]) if len(bad) else None,
+                               float(np.abs(sim - clear).max()),
+                               float((sim.reshape(len(sim), -1).argmax(-1) == clear.reshape(len(clear), -1).argmax(-1))
+                                     .mean()))
+
+
+@dataclass(frozen=True)
+class SimulationCheck:
+    n: int
+    n_equal: int
+    first_mismatch: int | None
+    max_abs_diff: float
+    argmax_agreement: float
+
+    @property
+    def exact(self) -> bool:
+        return self.n_equal == self.n
+
+    def describe(self) -> str:
+        head = f"simulation == clear integer program on {self.n_equal}/{self.n} calibration samples"
+        if self.exact:
+            return head
+        return (f"{head} (first mismatch: sample {self.first_mismatch}, max |difference| {self.max_abs_diff:g}, "
+                f"argmax agreement {100 * self.argmax_agreement:.1f}%)")
 
 
 @dataclass
@@ -106,7 +144,10 @@ class FloatCompiledModel:
         return self.backend.report()
 
     def save(self, directory, include_secret_key: bool = False) -> dict:
-        return self.backend.save(directory, include_secret_key=include_secret_key)
+        """Writes ``server/`` and (with ``include_secret_key``) ``client/``, each with a manifest of
+        SHA-256 digests, through a temporary folder renamed into place."""
+        return atomic_save(directory, lambda tmp: self.backend.save(tmp, include_secret_key=include_secret_key),
+                           self.backend.scheme.value)
 
 
 def quant_config_for(params: TfheParams, base: QuantConfig | None = None) -> QuantConfig:

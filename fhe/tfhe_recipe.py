@@ -2,7 +2,8 @@
 
 The default quantization keeps every programmable bootstrap (PBS) small (benchmarks/results/tfhe_model.md):
 activations at 6 bits, Q/K/V (which set the width of every T²-sized attention lookup) at 4 bits,
-weights and inputs at 4 bits, every lookup input rounded to at most 5 bits, percentile ranges. A model
+weights at 5 bits (they widen only the accumulators, whose rounding PBS are small), inputs at 4 bits,
+every lookup input rounded to at most 5 bits, percentile ranges. A model
 trained with ``fhe train --qat-bits`` records the configuration it was trained for, and compiling it
 uses that record unless an option overrides it.
 """
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 
 from fhe.errors import FheError
 from quant import QuantConfig
+from quant.ir import value_bits
 
-DEFAULT_QUANT = QuantConfig(n_bits=6, weight_bits=4, input_bits=4, attention_bits=4, lut_bits=5,
+DEFAULT_QUANT = QuantConfig(n_bits=6, weight_bits=5, input_bits=4, attention_bits=4, lut_bits=5,
                             range_mode="percentile")
 
 # Seconds of encrypted run per unit of Concrete's circuit complexity, measured on this project's 2-core
@@ -51,6 +53,19 @@ def _param_label(param) -> str:
     return f"N={param.polynomial_size()} k={param.glwe_dimension()} n={param.input_lwe_dimension()}"
 
 
+def lookup_input_bits(node, graph) -> int | None:
+    """Width of what a node's table lookups read: a lookup's (rounded) input, or for an encrypted
+    product the operand sum a ± b that its quarter-square lookups read (fhe/backends/tfhe.py)."""
+    if node.op == "lut":
+        return node.lut_input_bits(graph)
+    a, b = (graph.nodes[i] for i in node.inputs)
+    if a.lo is None or b.lo is None:
+        return None
+    lo = min(a.lo + b.lo, a.lo - b.hi)
+    hi = max(a.hi + b.hi, a.hi - b.lo)
+    return value_bits(lo, hi)
+
+
 def stage_table(circuit, graph) -> list[dict]:
     """Per stage (the tags the program's nodes carry): PBS, widest lookup input (after rounding),
     widest integer, parameter sets with their PBS, and the estimated share of the run time (PBS
@@ -58,8 +73,8 @@ def stage_table(circuit, graph) -> list[dict]:
     per_tag = circuit.programmable_bootstrap_count_per_tag_per_parameter
     lut_bits: dict[str, int] = {}
     for node in graph.nodes.values():
-        if node.op == "lut" and node.tag:
-            lut_bits[node.tag] = max(lut_bits.get(node.tag, 0), node.lut_input_bits(graph) or 0)
+        if node.tag and node.op in ("lut", "mul", "matmul"):
+            lut_bits[node.tag] = max(lut_bits.get(node.tag, 0), lookup_input_bits(node, graph) or 0)
     rows = []
     for tag in sorted({n.tag for n in graph.nodes.values() if n.tag and n.op != "input"}):
         counts = per_tag.get(tag, {})

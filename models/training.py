@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -17,7 +21,8 @@ from models.config import TransformerConfig
 from models.tasks import Metric, TaskData, score
 from models.transformer import Transformer
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 1: torch.save pickle (still read, with weights_only=True); 2: safetensors + JSON
+CHECKPOINT_FORMAT = "fhe-attention-model"
 
 
 @dataclass(frozen=True)
@@ -120,16 +125,30 @@ def train(model_config: TransformerConfig, task: TaskData, train_config: TrainCo
 # Checkpoints
 # --------------------------------------------------------------------------------------------------
 def save_checkpoint(path: str | Path, model: Transformer, task: TaskData | None = None, **extra) -> None:
-    """``model.pt``: config + weights + what is needed to rebuild the task's inputs."""
-    payload = {
-        "version": CHECKPOINT_VERSION,
-        "config": model.config.to_dict(),
-        "state_dict": model.state_dict(),
-        "task": None if task is None else {"name": task.name, "metric": task.metric.value, "meta": task.meta},
-        "extra": extra,
-    }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, path)
+    """``model.pt``: weights as safetensors, with the config, the task record (what is needed to rebuild
+    its inputs) and ``extra`` as JSON in the file's metadata. No pickle: loading a model file never
+    runs code. Written to a temporary file and renamed, so an interrupted save leaves no half file."""
+    task_record = None if task is None else {"name": task.name, "metric": task.metric.value, "meta": task.meta}
+    metadata = {"format": CHECKPOINT_FORMAT, "version": str(CHECKPOINT_VERSION),
+                "config": json.dumps(model.config.to_dict()), "task": json.dumps(task_record),
+                "extra": json.dumps(extra, default=_jsonable)}
+    tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _jsonable(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, (np.ndarray, Tensor)):
+        return v.tolist()
+    raise TypeError(f"cannot store {type(v).__name__} in a model file")
 
 
 @dataclass
@@ -139,13 +158,33 @@ class Checkpoint:
     extra: dict
 
 
+def _read_payload(path: Path) -> dict:
+    """The checkpoint's parts from a safetensors model file, or from a legacy ``torch.save`` file read
+    with ``weights_only=True`` (tensors and plain containers only: no code runs)."""
+    with path.open("rb") as fh:
+        head = fh.read(4)
+    if head[:2] == b"PK":  # a zip archive: the pickle-based format of version 1
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a refused global or a corrupt file
+            raise ValueError(f"{path} is a torch.save file that holds more than tensors and plain containers; it "
+                             f"is not loaded, because unpickling it could run code ({type(exc).__name__})") from exc
+    with safe_open(str(path), framework="pt") as fh:
+        metadata = fh.metadata() or {}
+        if metadata.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError("no fhe-attention metadata")
+        state = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has keys(), not __iter__
+    return {"config": json.loads(metadata["config"]), "state_dict": state, "task": json.loads(metadata["task"]),
+            "extra": json.loads(metadata["extra"])}
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model file not found: {path} (train one with `fhe train ... -o {path}`)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means "not our format"
+        payload = _read_payload(path)
+    except Exception as exc:  # noqa: BLE001 - any parse failure means "not our format"
         raise ValueError(f"{path} is not a readable fhe-attention model file: {exc}") from exc
     if not isinstance(payload, dict) or "config" not in payload or "state_dict" not in payload:
         raise ValueError(f"{path} is not an fhe-attention model file (no config/state_dict)")

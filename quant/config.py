@@ -7,6 +7,10 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+# calibration samples (from the training split) for PTQ, QAT through the program and `fhe compile`: the
+# same set everywhere, so the program compiled from a QAT model is the program it was trained through
+DEFAULT_CALIB_SAMPLES = 2000
+
 # the requantisation points that feed attention: Q, K (shared for the Inhibitor) and V of every block
 ATTENTION_POINT = re.compile(r"^block\d+\.mix\.(q|k|v|qk)(\.out)?$")
 

@@ -27,7 +27,7 @@ from models.fold import fold_norms
 from models.tasks import TaskData
 from models.training import TrainConfig, seed_everything
 from models.transformer import Transformer
-from quant.config import QuantConfig
+from quant.config import DEFAULT_CALIB_SAMPLES, QuantConfig
 from quant.export import QuantizedProgram, export, lower_transformer
 from quant.lowering import Fitted, Lowering
 
@@ -60,7 +60,8 @@ def program_score(program: QuantizedProgram, task: TaskData) -> float:
 
 
 def train_program(model: Transformer, task: TaskData, quant: QuantConfig, train_config: TrainConfig,
-                  n_calib: int = 500, progress: bool = True, distill: float = 0.5) -> ProgramQatResult:
+                  n_calib: int = DEFAULT_CALIB_SAMPLES, progress: bool = True,
+                  distill: float = 0.5) -> ProgramQatResult:
     """Fine-tune ``model`` through its integer program (AdamW, cosine schedule); returns the folded model,
     its exported program and the program's test score.
 

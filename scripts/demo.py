@@ -1,12 +1,13 @@
-"""The README's main job, end to end on a fresh machine (run by `make demo`).
+"""The README's main job, end to end on a fresh machine (run by `make demo`; about 10 minutes on 2 cores).
 
-1. train a small Inhibitor transformer on sklearn's digits (8 tokens of 8 pixels), with 4-bit
-   quantization-aware fine-tuning;
-2. quantize it and print the integer program's widths and float vs integer accuracy;
-3. compile it with TFHE, generate keys, run one test sample encrypted and print the cost report;
-   write the client (secret keys) and server (no secret key) artifacts;
-4. compare float, clear-integer and encrypted predictions on a few test samples;
-5. CKKS: train a PowerSoftmax model with the polynomial recipe (length-agnostic form, range losses),
+1. train a small Inhibitor transformer on sklearn's digits (4 tokens of 4x4 pixels, BatchNorm), then
+   fine-tune it through its own TFHE integer program (`--qat-bits 6`: the program reproduces the QAT model);
+2. compile it with TFHE (the defaults keep every lookup at <= 5 bits): expected key size and latency,
+   keygen, one encrypted test sample, the cost report per stage; client (secret keys) and server (no
+   secret key) artifacts;
+3. `fhe run` one sample through the artifacts, then compare float, clear-integer and simulated
+   predictions on the whole test split and encrypted ones on a few samples (`FHE_DEMO_SAMPLES`, default 1);
+4. CKKS: train a PowerSoftmax model with the polynomial recipe (length-agnostic form, range losses),
    print its CKKS cost report, and compare float, clear polynomial and encrypted predictions on all
    360 test samples at once (SIMD slots; N = 16384 with the labelled client-assisted refresh, which
    keeps the demo to minutes; `fhe compare` without `--refresh` picks N = 32768 and needs none).
@@ -31,14 +32,13 @@ def fhe(*args: str) -> None:
 def main() -> None:
     RUNS.mkdir(exist_ok=True)
     model = str(RUNS / "digits-inhibitor.pt")
-    fhe("train", "--task", "digits", "--attention", "inhibitor", "--norm", "none", "--d-model", "16", "--heads", "2",
-        "--epochs", "40", "--qat-bits", "4", "--qat-epochs", "15", "-o", model)
-    fhe("quantize", model, "--n-bits", "4")
-    fhe("compile", model, "--scheme", "tfhe", "--n-bits", "4", "--lut-bits", "7", "--json",
-        str(RUNS / "digits-inhibitor-tfhe.json"), "--out", str(RUNS / "digits-inhibitor-tfhe"))
-    fhe("compare", model, "--scheme", "tfhe", "--n-bits", "4", "--lut-bits", "7", "--mode", "simulate", "--n", "360")
-    fhe("compare", model, "--scheme", "tfhe", "--n-bits", "4", "--lut-bits", "7", "--mode", "execute", "--n",
-        str(N_ENCRYPTED))
+    fhe("train", "--task", "digits", "--patch", "4", "--attention", "inhibitor", "--d-model", "16", "--heads", "2",
+        "--epochs", "60", "--qat-bits", "6", "--qat-epochs", "100", "-o", model)
+    fhe("compile", model, "--scheme", "tfhe", "--json", str(RUNS / "digits-inhibitor-tfhe.json"), "--out",
+        str(RUNS / "digits-inhibitor-tfhe"))
+    fhe("run", str(RUNS / "digits-inhibitor-tfhe"), "--sample", "1")
+    fhe("compare", model, "--scheme", "tfhe", "--mode", "simulate", "--n", "360")
+    fhe("compare", model, "--scheme", "tfhe", "--mode", "execute", "--n", str(N_ENCRYPTED))
 
     poly = str(RUNS / "digits-power-softmax.pt")
     fhe("train", "--task", "digits", "--attention", "power-softmax", "--norm", "none", "--ffn-activation", "gelu",

@@ -9,7 +9,6 @@ semantics: public and relinearisation keys, no secret key) and computes on ciphe
 from __future__ import annotations
 
 import json
-import pickle
 import time
 from pathlib import Path
 
@@ -17,10 +16,12 @@ import numpy as np
 import tenseal as ts
 import torch
 
+from fhe.artifacts import verify
 from fhe.backends import register_backend
 from fhe.ckks.arith import Arith, ClearArith, Val
 from fhe.ckks.planner import CkksPlan, plan_parameters
 from fhe.ckks.program import PolyProgram, build_program
+from fhe.ckks.serialize import load_program, save_program
 from fhe.errors import KeysMissingError
 from fhe.schemes import CkksParams, Scheme
 
@@ -211,8 +212,7 @@ class CkksBackend:
         server, client = directory / "server", directory / "client"
         server.mkdir(parents=True, exist_ok=True)
         (server / "context.public").write_bytes(self.server_ctx.serialize(save_secret_key=False))
-        with open(server / "program.pkl", "wb") as fh:
-            pickle.dump(self.program, fh)
+        save_program(self.program, server)
         meta = {**self.meta, "plan": self.plan.to_dict()}
         (server / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         paths = {"server": server}
@@ -246,11 +246,11 @@ class CkksServer:
 
     def __init__(self, directory) -> None:
         directory = Path(directory)
+        verify(directory, "server")
         self.context = ts.context_from((directory / "context.public").read_bytes())
         if self.context.has_secret_key():
             raise RuntimeError(f"{directory} holds a secret key: refusing to serve from it")
-        with open(directory / "program.pkl", "rb") as fh:
-            self.program: PolyProgram = pickle.load(fh)
+        self.program: PolyProgram = load_program(directory)
         self.meta = json.loads((directory / "meta.json").read_text())
         self.plan = self.meta["plan"]
 
@@ -265,6 +265,7 @@ class CkksClient:
 
     def __init__(self, directory) -> None:
         directory = Path(directory)
+        verify(directory, "client")
         self.context = ts.context_from((directory / "context.secret").read_bytes())
         self.meta = json.loads((directory / "meta.json").read_text())
 

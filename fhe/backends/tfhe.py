@@ -18,29 +18,34 @@ from pathlib import Path
 import numpy as np
 from concrete import fhe
 
+from fhe.artifacts import verify
 from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
 from fhe.tfhe_recipe import preflight, stage_table
-from quant.ir import FREE_OPS, SHARED_OPS, Graph
+from quant.ir import FREE_OPS, SHARED_OPS, Graph, round_bit_pattern, value_bits
 
 
-def _rounded(node, x, input_bits: int | None, exact: bool = True):
-    """A lookup's input rounded by the node's ``rounding_bits``, with the input's width pinned.
+def _rounded(node, x, src, exact: bool = True):
+    """A lookup's input rounded by the node's ``rounding_bits``, with its width pinned.
 
     Concrete (2.11) re-sizes the result of ``round_bit_pattern`` from the rounded values it sees; when
     they fit one bit fewer than the input, the table is indexed as if the value had been shifted by the
     input's width and reads fn(2·round(x)) (tests/fhe/test_tfhe.py::test_rounded_lookup_keeps_its_input_width).
-    Hinting the rounded value back to the input's width keeps the two consistent."""
+    So the rounded value is hinted to the input's width, or one bit more when rounding up overflows it
+    (an unsigned 8-bit 252 rounded by 3 bits is 256: test_rounding_up_past_the_input_width_is_exact)."""
     r = node.attrs.get("rounding_bits", 0)
     if not r:
         return x
     exactness = fhe.Exactness.EXACT if exact else fhe.Exactness.APPROXIMATE
     rounded = fhe.round_bit_pattern(x, lsbs_to_remove=r, exactness=exactness)
-    return rounded if input_bits is None else fhe.hint(rounded, bit_width=input_bits)
+    if src is None or src.lo is None:
+        return rounded
+    lo, hi = (int(round_bit_pattern(np.array(v), r)) for v in (src.lo, src.hi))
+    return fhe.hint(rounded, bit_width=max(src.bits, value_bits(lo, hi)))
 
 
-def _lower_node(node, args, input_bits: int | None = None, exact: bool = True):
+def _lower_node(node, args, src=None, exact: bool = True):
     a = node.attrs
     op = node.op
     if op in SHARED_OPS:
@@ -49,7 +54,7 @@ def _lower_node(node, args, input_bits: int | None = None, exact: bool = True):
         if a.get("per_channel"):
             raise ValueError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
                              "quantize with per-tensor weights")
-        return fhe.univariate(a["fn"])(_rounded(node, args[0], input_bits, exact))
+        return fhe.univariate(a["fn"])(_rounded(node, args[0], src, exact))
     if op in ("mul", "matmul"):
         return _product(node, args)
     if op == "reshape":
@@ -99,7 +104,7 @@ def to_concrete_function(graph: Graph, exact_rounding: bool = True):
             args = [env[i] for i in node.inputs]
             with fhe.tag(node.tag) if node.tag else contextlib.nullcontext():
                 src = graph.nodes[node.inputs[0]] if node.inputs else None
-                value = _lower_node(node, args, None if src is None else src.bits, exact_rounding)
+                value = _lower_node(node, args, src, exact_rounding)
                 if node.bits is not None and node.op not in FREE_OPS:
                     # the width calibration fixed (inputsets may be smaller than calibration sets)
                     value = fhe.hint(value, bit_width=node.bits)
@@ -260,6 +265,7 @@ class TfheServer:
 
     def __init__(self, directory: str | Path) -> None:
         directory = Path(directory)
+        verify(directory, "server")
         missing = [f for f in ("server.zip", "evaluation_keys.bin") if not (directory / f).exists()]
         if missing:
             raise FileNotFoundError(f"server artifact {directory} lacks {missing}; run `fhe compile ... --out DIR` "
@@ -277,6 +283,7 @@ class TfheClient:
 
     def __init__(self, directory: str | Path) -> None:
         directory = Path(directory)
+        verify(directory, "client")
         if not (directory / "keys.bin").exists():
             raise KeysMissingError(f"{directory} holds no secret keys (saved without include_secret_key)")
         self.client = fhe.Client.load(directory / "client.zip")

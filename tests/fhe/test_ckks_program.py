@@ -174,3 +174,18 @@ def test_inputs_of_the_wrong_shape_fail_clearly():
     program = build_program(tiny(), torch.randn(50, 4, 3, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"4 positions × 3 features = 12 input values.*got 15"):
         program.clear(np.zeros((2, 5, 3)))
+
+
+def test_program_files_round_trip_without_pickle(tmp_path):
+    from fhe.ckks.serialize import load_program, save_program
+
+    model = tiny(norm="layernorm")
+    program = build_program(model, torch.randn(200, 4, 3, dtype=torch.float64))
+    paths = save_program(program, tmp_path)
+    assert {p.name for p in paths} == {"program.json", "program.npz"}
+    again = load_program(tmp_path)
+    x = torch.randn(20, 4, 3, dtype=torch.float64).numpy()
+    np.testing.assert_array_equal(again.clear(x), program.clear(x))
+    (tmp_path / "program.json").write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="not a CKKS program"):
+        load_program(tmp_path)

@@ -67,4 +67,4 @@ def test_compile_writes_artifacts_that_fhe_run_uses(tiny_model, tmp_path):
     assert res.exit_code == 0, res.output
     assert "sample 3: label" in res.output and "encrypted prediction" in res.output
     res = CliRunner().invoke(main, ["run", str(tmp_path / "nothing")])
-    assert res.exit_code == 1 and "holds no secret keys" in res.output
+    assert res.exit_code == 1 and "no client artifact" in res.output and "fhe compile" in res.output

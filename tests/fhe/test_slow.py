@@ -33,3 +33,34 @@ def test_encrypted_digits_model_equals_clear_program():
     clear = compiled.program.run_int(compiled.program.quantize_input(x), "clip")[0]
     for xi, want in zip(compiled.program.quantize_input(x), clear, strict=True):
         np.testing.assert_array_equal(compiled.backend.encrypt_run_decrypt(xi), want)
+
+
+def test_whole_model_simulation_equals_clear_on_10000_inputs():
+    """The default TFHE recipe on a digits model: Concrete's simulation == the clear integer program on
+    10 000 inputs spread over the whole input range (pixels uniform in [0, 1], beyond the data)."""
+    from fhe.tfhe_recipe import DEFAULT_QUANT
+
+    data = load_task("digits", patch=4)
+    cfg = config_for_task(data, attention="inhibitor", d_model=8, n_heads=2, norm="batchnorm")
+    model = train(cfg, data, TrainConfig(epochs=10, lr=3e-3), progress=False).model
+    compiled = compile_model(model, data.x_train[:500], TfheParams(n_bits=DEFAULT_QUANT.n_bits), DEFAULT_QUANT,
+                             simulate_only=True)
+    x = np.random.default_rng(0).random((10_000, *data.x_test.shape[1:]))
+    check = compiled.verify(x, limit=len(x))
+    assert check.n == 10_000 and check.exact, check.describe()
+
+
+@pytest.mark.parametrize("variant", ["inhibitor", "dot-product", "signed-inhibitor", "geglu"])
+def test_attention_circuits_encrypted_equal_clear_on_100_inputs(variant):
+    from circuits.attention import CircuitSpec, Variant, build
+    from fhe.backends.tfhe import TfheBackend
+
+    built = build(CircuitSpec(Variant(variant), 2, d=2, n_bits=4, lut_bits=5))
+    backend = TfheBackend.compile(built.graph, built.calib_ints, TfheParams(n_bits=4, inputset_size=64))
+    backend.keygen()
+    lo, hi = int(built.calib_ints.min()), int(built.calib_ints.max())
+    xs = np.concatenate([built.calib_ints[:50],
+                         np.random.default_rng(1).integers(lo, hi + 1, (50, *built.calib_ints.shape[1:]))])
+    clear, _ = built.graph.run(xs, policy="clip")
+    for x, want in zip(xs, clear, strict=True):
+        np.testing.assert_array_equal(backend.encrypt_run_decrypt(x), want)

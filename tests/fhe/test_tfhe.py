@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from circuits.attention import CircuitSpec, Variant, build
+from fhe.artifacts import atomic_save
 from fhe.backends.tfhe import TfheBackend, TfheClient, TfheServer
 from fhe.schemes import TfheParams
 from quant.ir import Graph
@@ -89,9 +90,9 @@ def _secret_key_windows(backend) -> list[bytes]:
 
 def test_server_artifact_holds_no_secret_key_and_serves_the_client(keyed_inhibitor, tmp_path):
     built, backend = keyed_inhibitor
-    paths = backend.save(tmp_path / "public")
+    paths = atomic_save(tmp_path / "public", backend.save, "tfhe")
     server_files = sorted(p.name for p in paths["server"].iterdir())
-    assert server_files == ["evaluation_keys.bin", "meta.json", "server.zip"]
+    assert server_files == ["evaluation_keys.bin", "manifest.json", "meta.json", "server.zip"]
     assert not (paths["client"] / "keys.bin").exists()  # secret keys only on explicit request
     windows = _secret_key_windows(backend)
     assert windows and all(len(w) == 256 for w in windows)
@@ -99,7 +100,7 @@ def test_server_artifact_holds_no_secret_key_and_serves_the_client(keyed_inhibit
         blob = f.read_bytes()
         assert not any(w in blob for w in windows), f"secret key material found in {f.name}"
     # the same check can fail: the client artifact saved with its keys does contain them
-    with_keys = backend.save(tmp_path / "private", include_secret_key=True)
+    with_keys = atomic_save(tmp_path / "private", lambda d: backend.save(d, include_secret_key=True), "tfhe")
     assert any(w in (with_keys["client"] / "keys.bin").read_bytes() for w in windows)
     # the client encrypts, the server computes with evaluation keys only, the client decrypts
     client, server = TfheClient(with_keys["client"]), TfheServer(paths["server"])
@@ -124,3 +125,17 @@ def test_rounded_lookup_keeps_its_input_width():
     sims = np.stack([backend.simulate(x) for x in xs])
     np.testing.assert_array_equal(sims, g.run(xs)[0])
     assert int(backend.simulate(np.array([75]))[0]) == 2
+
+
+def test_rounding_up_past_the_input_width_is_exact():
+    """Regression: an unsigned 8-bit input up to 252 rounded by 3 bits reaches 256 (9 bits); pinning the
+    rounded value to the input's 8 bits wrapped it to 0 (a softmax denominator's reciprocal, issue 9)."""
+    g = Graph()
+    g.add("x", "input", shape=(1,))
+    g.add("a", "add_const", ("x",), value=np.int64(0))
+    g.add("y", "lut", ("a",), fn=lambda t: (4096 // np.maximum(t, 1)).astype(np.int64), shape=(1,), rounding_bits=3)
+    g.set_output("y")
+    xs = np.arange(63, 253).reshape(-1, 1)
+    g.calibrate(xs)
+    backend = TfheBackend.compile(g, xs, TfheParams(inputset_size=len(xs)), simulate_only=True)
+    np.testing.assert_array_equal(np.stack([backend.simulate(x) for x in xs]), g.run(xs)[0])

@@ -68,6 +68,7 @@ def test_default_train_then_compile_runs_encrypted(default_model, tmp_path):
                          text=True, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "expected evaluation keys" in res.stdout
+    assert "simulation == clear integer program on 1437/1437 calibration samples" in res.stdout  # all of train
     assert "encrypted output equals the clear integer program: True" in res.stdout
     rep = json.loads(rep_path.read_text())
     assert max(r["lookup_input_bits"] or 0 for r in rep["stages"]) <= DEFAULT_QUANT.lut_bits
@@ -81,3 +82,18 @@ def test_compile_refuses_before_keygen_when_keys_will_not_fit(default_model):
     assert res.returncode == 1
     assert "keygen needs about" in res.stderr and "--lut-bits" in res.stderr
     assert "generating keys" not in res.stdout
+
+
+def test_compile_refuses_a_circuit_whose_simulation_differs_from_the_program(default_model, monkeypatch):
+    real = TfheBackend.simulate
+
+    def off_by_one_on_the_third_call(self, x, calls=[0]):  # noqa: B006 - a counter shared across calls
+        calls[0] += 1
+        out = real(self, x)
+        return out + 1 if calls[0] == 3 else out
+
+    monkeypatch.setattr(TfheBackend, "simulate", off_by_one_on_the_third_call)
+    res = CliRunner().invoke(main, ["compile", str(default_model), "--no-run", "--calib", "20"])
+    assert res.exit_code == 1, res.output
+    assert "19/20 calibration samples" in res.output and "first mismatch: sample 2" in res.output
+    assert "refusing" in res.output

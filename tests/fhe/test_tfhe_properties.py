@@ -1,0 +1,45 @@
+"""Property tests: Concrete's simulation of random small integer programs equals the interpreter.
+
+Random widths, rounding and tables (the class of program where concrete-python 2.11 miscompiled a
+rounded lookup, issue 13), random inputs across the calibrated range including its edges. The whole-model
+version (10 000 inputs, and encrypted runs) is in tests/fhe/test_slow.py.
+"""
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fhe.backends.tfhe import TfheBackend
+from fhe.schemes import TfheParams
+from quant.ir import Graph
+
+
+def _program(in_bits: int, w: np.ndarray, shift: int, rounding: int, out_div: int) -> Graph:
+    g = Graph()
+    g.add("x", "input", shape=(w.shape[0],))
+    g.add("acc", "linear", ("x",), weight=w, bias=np.zeros(w.shape[1], dtype=np.int64))
+    g.add("shifted", "add_const", ("acc",), value=np.int64(shift))
+    g.add("y", "lut", ("shifted",), fn=lambda t, d=out_div: np.clip(np.floor_divide(t, d), -8, 7).astype(np.int64),
+          shape=(w.shape[1],), rounding_bits=rounding)
+    g.add("z", "lut", ("y",), fn=lambda t: np.abs(t), shape=(w.shape[1],))
+    g.set_output("z")
+    return g
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(in_bits=st.integers(2, 5), n_in=st.integers(1, 4), n_out=st.integers(1, 3), w_max=st.integers(1, 15),
+       shift=st.integers(-40, 40), rounding=st.integers(0, 4), out_div=st.integers(1, 64), seed=st.integers(0, 2**16))
+def test_simulation_equals_the_interpreter_on_random_programs(in_bits, n_in, n_out, w_max, shift, rounding, out_div,
+                                                              seed):
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-w_max, w_max + 1, (n_in, n_out))
+    g = _program(in_bits, w, shift, rounding, out_div)
+    lo, hi = -(2 ** (in_bits - 1)), 2 ** (in_bits - 1) - 1
+    calib = rng.integers(lo, hi + 1, (200, n_in))
+    calib[0], calib[1] = lo, hi  # the range's edges are part of the calibration set
+    g.calibrate(calib)
+    backend = TfheBackend.compile(g, calib, TfheParams(n_bits=in_bits, inputset_size=200), simulate_only=True)
+    xs = np.concatenate([calib[:2], rng.integers(lo, hi + 1, (30, n_in))])
+    clear, _ = g.run(xs, policy="clip")
+    sims = np.stack([backend.simulate(x) for x in xs])
+    np.testing.assert_array_equal(sims, clear)
