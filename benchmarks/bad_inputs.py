@@ -77,7 +77,7 @@ def cases(p: dict[str, Path]) -> list[tuple[str, list[str]]]:
         ("--lut-bits out of range", ["compile", m, "--lut-bits", "40", "--no-run"]),
         ("--global-p-error out of range", ["compile", m, "--global-p-error", "2", "--no-run"]),
         ("keys that will not fit in memory", ["compile", m]),
-        ("LayerNorm-free scheme mismatch: Inhibitor under CKKS", ["compile", m, "--scheme", "ckks", "--no-run"]),
+        ("an Inhibitor model under CKKS", ["compile", m, "--scheme", "ckks", "--no-run"]),
         ("--sample out of range", ["run", str(p["art"]), "--sample", "100000"]),
         ("artifact folder that does not exist", ["run", str(t / "no-artifact")]),
         ("artifact with a flipped byte", ["run", str(p["corrupt_art"]), "--sample", "0"]),

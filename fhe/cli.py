@@ -115,7 +115,12 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
             base = load_checkpoint(init_path).model
         except (FileNotFoundError, ValueError) as exc:
             raise click.UsageError(str(exc)) from exc
+        given = click.get_current_context().get_parameter_source("attention")
+        if given is not click.core.ParameterSource.DEFAULT and attention != base.config.attention.value:
+            raise click.UsageError(f"--init {init_path} is a {base.config.attention.value} model; fine-tuning keeps "
+                                   f"its architecture, so --attention {attention} cannot apply (train from scratch)")
         model_config = base.config.replace(**power_options)
+        attention = model_config.attention.value
         init_model = Transformer(model_config)
         init_model.load_state_dict(base.state_dict())
     result = run_training(model_config, data, train_config, progress=not quiet, model=init_model)
@@ -298,6 +303,13 @@ def _compile(model_path, opts: dict, simulate_only: bool = False):
                                        "quant": qconfig.to_dict()})
     except (ExportError, BitWidthError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
+    except RuntimeError as exc:
+        if "NoParametersFound" not in str(exc):
+            raise
+        raise click.ClickException(
+            "Concrete found no TFHE parameters for the widest lookup or encrypted product of this program (see "
+            "`fhe quantize MODEL --nodes` for the widths). Narrow them: --lut-bits 4, --attention-bits 3, "
+            "--n-bits 5, or fewer tokens / a smaller --d-model when training.") from exc
     return ckpt, data, compiled
 
 
@@ -458,7 +470,7 @@ def compile_cmd(model_path, scheme, json_path, out_dir, no_run, **opts) -> None:
         raise click.ClickException(
             "the compiled circuit does not compute the integer program (Concrete's simulation differs on "
             f"{check.n - check.n_equal} calibration samples); refusing to produce keys or artifacts. Please report it "
-            "with the model file; --lut-bits 0 (no rounding) is a workaround to try.")
+            "with the model file; another --lut-bits may avoid it.")
     if not no_run:
         _keygen_checked(compiled)
         click.echo("running one encrypted test sample ...")
@@ -643,6 +655,9 @@ def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem
 
     try:
         lens = [int(t) for t in seq_lens.split(",")]
+    except ValueError:
+        raise click.UsageError(f"--seq-lens must be a comma-separated list of integers, got {seq_lens!r}") from None
+    try:
         names = variants.split(",")
         reports = sweep(names, lens, d, n_bits, lut_bits or None, execute=mode == "execute", repeats=repeats,
                         progress=lambda spec: click.echo(f"  {spec.name} ...", err=True))

@@ -40,3 +40,16 @@ def test_train_reports_bad_options_clearly(tmp_path):
     assert res.exit_code == 2 and "divisible" in res.output
     res = CliRunner().invoke(main, ["train", "--attention", "fourier"])
     assert res.exit_code == 2
+
+
+def test_init_keeps_the_base_architecture_and_refuses_another_attention(tmp_path):
+    base = tmp_path / "dp.pt"
+    res = CliRunner().invoke(main, ["train", "--attention", "dot-product", "--d-model", "4", "--heads", "1",
+                                    "--epochs", "1", "--quiet", "-o", str(base)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["train", "--init", str(base), "--attention", "power-softmax", "--epochs", "1",
+                                    "--quiet", "-o", str(tmp_path / "ps.pt")])
+    assert res.exit_code == 2 and "is a dot-product model" in res.output
+    res = CliRunner().invoke(main, ["train", "--init", str(base), "--epochs", "1", "--quiet", "-o",
+                                    str(tmp_path / "ft.pt")])
+    assert res.exit_code == 0 and "digits / dot-product" in res.output

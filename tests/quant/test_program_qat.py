@@ -8,7 +8,7 @@ from models import Transformer, TransformerConfig
 from models.tasks import load_task
 from models.training import TrainConfig, config_for_task, train
 from quant import QuantConfig, export
-from quant.config import ATTENTION_POINT
+from quant.config import ATTENTION_POINT, DEFAULT_CALIB_SAMPLES
 from quant.program_qat import fit_quantizers, program_score, train_program, twin_forward
 
 QUANT = QuantConfig(n_bits=4, weight_bits=4, input_bits=4, attention_bits=3, lut_bits=5, range_mode="percentile")
@@ -43,11 +43,11 @@ def test_program_qat_recovers_accuracy_and_the_program_reproduces_it():
     data = load_task("digits", patch=4)
     model = train(config_for_task(data, attention="inhibitor", d_model=8, n_heads=2, norm="batchnorm"), data,
                   TrainConfig(epochs=15, lr=3e-3), progress=False).model
-    ptq = program_score(export(model, data.x_train[:500], QUANT), data)
+    ptq = program_score(export(model, data.x_train[:DEFAULT_CALIB_SAMPLES], QUANT), data)
     qat = train_program(model, data, QUANT, TrainConfig(epochs=10, lr=2e-3), progress=False)
     assert qat.model.config.norm.value == "none"  # BatchNorm folded before training
     # the program exported from the QAT model is the one training saw: same score, recomputed from scratch
-    assert program_score(export(qat.model, data.x_train[:500], QUANT), data) == qat.program_score
+    assert program_score(export(qat.model, data.x_train[:DEFAULT_CALIB_SAMPLES], QUANT), data) == qat.program_score
     twin = qat.program.fake_forward(data.x_test).argmax(-1)
     assert (twin == data.y_test.numpy()).mean() == qat.program_score
     assert qat.program_score > ptq + 0.05, (ptq, qat.program_score)
