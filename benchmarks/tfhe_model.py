@@ -74,7 +74,7 @@ def measure(spec: dict) -> dict:
     samples, simulate the test split. Runs in a child process."""
     from fhe.harness import compile_model
     from fhe.schemes import TfheParams
-    from fhe.tfhe_recipe import preflight, resolve_quant
+    from fhe.tfhe_recipe import estimated_latency_s, resolve_quant
     from models.tasks import load_task_of
     from models.training import load_checkpoint
 
@@ -96,7 +96,7 @@ def measure(spec: dict) -> dict:
     result = {"spec": spec, "pbs": rep["pbs_count"], "max_bit_width": rep["max_bit_width"],
               "max_lookup_input_bits": max(r["lookup_input_bits"] or 0 for r in rep["stages"]),
               "params": rep["params_all"], "key_mib": rep["key_sizes_bytes"]["evaluation"] / 2**20,
-              "complexity": rep["complexity"], "estimated_latency_s": preflight(circuit).estimated_latency_s,
+              "complexity": rep["complexity"], "estimated_latency_s": estimated_latency_s(circuit),
               "stages": rep["stages"], "clear_accuracy": float((clear.argmax(-1) == y).mean()),
               "load_avg_1min_before": load_before}
     if spec.get("simulate", True):

@@ -70,10 +70,7 @@ class CompiledModel:
         return self.backend.report()
 
     def save(self, directory, include_secret_key: bool = False) -> dict:
-        """Writes ``server/`` and (with ``include_secret_key``) ``client/``, each with a manifest of
-        SHA-256 digests, through a temporary folder renamed into place."""
-        return atomic_save(directory, lambda tmp: self.backend.save(tmp, include_secret_key=include_secret_key),
-                           self.backend.scheme.value)
+        return save_artifacts(self.backend, directory, include_secret_key)
 
     def verify(self, x, limit: int = 500) -> SimulationCheck:
         """Concrete's simulation of the compiled circuit against the clear integer program on up to
@@ -144,10 +141,14 @@ class FloatCompiledModel:
         return self.backend.report()
 
     def save(self, directory, include_secret_key: bool = False) -> dict:
-        """Writes ``server/`` and (with ``include_secret_key``) ``client/``, each with a manifest of
-        SHA-256 digests, through a temporary folder renamed into place."""
-        return atomic_save(directory, lambda tmp: self.backend.save(tmp, include_secret_key=include_secret_key),
-                           self.backend.scheme.value)
+        return save_artifacts(self.backend, directory, include_secret_key)
+
+
+def save_artifacts(backend: Backend, directory, include_secret_key: bool = False) -> dict:
+    """Writes ``server/`` and (with ``include_secret_key``) ``client/``, each with a manifest of SHA-256
+    digests, through a temporary folder renamed into place."""
+    return atomic_save(directory, lambda tmp: backend.save(tmp, include_secret_key=include_secret_key),
+                       backend.scheme.value)
 
 
 def quant_config_for(params: TfheParams, base: QuantConfig | None = None) -> QuantConfig:

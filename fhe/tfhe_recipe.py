@@ -125,8 +125,12 @@ class Preflight:
                 "training), or a smaller --d-model; `--no-run` still prints the cost report.")
 
 
+def estimated_latency_s(circuit) -> float:
+    return float(circuit.complexity) * SECONDS_PER_COMPLEXITY
+
+
 def preflight(circuit, memory_bytes: int | None = None) -> Preflight:
     keys = int(circuit.size_of_bootstrap_keys + circuit.size_of_keyswitch_keys)
     env_memory = os.environ.get("FHE_AVAILABLE_MEMORY_BYTES")  # tests and constrained deployments
     memory = memory_bytes or (int(env_memory) if env_memory else available_memory_bytes())
-    return Preflight(keys, float(circuit.complexity) * SECONDS_PER_COMPLEXITY, memory)
+    return Preflight(keys, estimated_latency_s(circuit), memory)

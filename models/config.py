@@ -106,8 +106,13 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> TransformerConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown TransformerConfig fields: {sorted(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data)
+
+
+def dataclass_from_dict(cls, data: dict):
+    """``cls(**data)`` for a config dataclass, with an error naming any field ``cls`` does not have
+    (a model file written by another version)."""
+    unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+    return cls(**data)

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+from models.config import dataclass_from_dict
+
 # calibration samples (from the training split) for PTQ, QAT through the program and `fhe compile`: the
 # same set everywhere, so the program compiled from a QAT model is the program it was trained through
 DEFAULT_CALIB_SAMPLES = 2000
@@ -102,8 +104,4 @@ class QuantConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> QuantConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown QuantConfig fields: {sorted(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data)

@@ -70,6 +70,11 @@ def value_bits(lo: int, hi: int) -> int:
     return unsigned_bits(hi) if lo >= 0 else signed_bits(lo, hi)
 
 
+def rounded_bits(lo: int, hi: int, lsbs: int) -> int:
+    """Width of the values in [lo, hi] once rounded by ``lsbs`` bits (rounding up can add a bit)."""
+    return value_bits(int(round_bit_pattern(np.array(lo), lsbs)), int(round_bit_pattern(np.array(hi), lsbs)))
+
+
 def round_bit_pattern(x: np.ndarray, lsbs: int) -> np.ndarray:
     """Round to the nearest multiple of 2^lsbs, ties upwards (concrete's ``round_bit_pattern``)."""
     if lsbs <= 0:
@@ -104,8 +109,7 @@ class Node:
         if src.lo is None:
             return None
         r = self.attrs.get("rounding_bits", 0)
-        lo, hi = int(round_bit_pattern(np.array(src.lo), r)), int(round_bit_pattern(np.array(src.hi), r))
-        return max(value_bits(lo, hi) - r, 1)
+        return max(rounded_bits(src.lo, src.hi, r) - r, 1)
 
 
 class Graph:

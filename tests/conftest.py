@@ -18,6 +18,20 @@ def _seed_everything():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """A tiny trained digits Inhibitor model file (`fhe train`, d_model 4, no norm): quick to compile."""
+    from click.testing import CliRunner
+
+    from fhe.cli import main
+
+    path = tmp_path_factory.mktemp("tiny") / "tiny.pt"
+    res = CliRunner().invoke(main, ["train", "--task", "digits", "--attention", "inhibitor", "--norm", "none",
+                                    "--d-model", "4", "--heads", "1", "--epochs", "10", "--quiet", "-o", str(path)])
+    assert res.exit_code == 0, res.output
+    return path
+
+
 def pytest_sessionfinish(session, exitstatus):
     _SESSION["exitstatus"] = int(exitstatus)
 

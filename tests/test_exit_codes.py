@@ -10,9 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from fhe.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FHE = Path(sys.executable).with_name("fhe")
@@ -37,20 +34,11 @@ def test_the_same_test_passing_exits_zero():
     assert res.returncode == 0
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("exit") / "tiny.pt"
-    res = CliRunner().invoke(main, ["train", "--task", "digits", "--attention", "inhibitor", "--norm", "none",
-                                    "--d-model", "4", "--heads", "1", "--epochs", "2", "--quiet", "-o", str(path)])
-    assert res.exit_code == 0, res.output
-    return path
-
-
 @pytest.mark.skipif(not FHE.exists(), reason="the fhe console script is not installed in this environment")
-def test_a_cli_command_failing_after_an_encrypted_run_exits_non_zero(tiny, tmp_path):
+def test_a_cli_command_failing_after_an_encrypted_run_exits_non_zero(tiny_model, tmp_path):
     # the report is written after keygen and one encrypted sample; its folder does not exist
     bad_json = tmp_path / "no-such-dir" / "report.json"
-    res = subprocess.run([str(FHE), "compile", str(tiny), "--n-bits", "3", "--lut-bits", "5", "--inputset", "20",
+    res = subprocess.run([str(FHE), "compile", str(tiny_model), "--n-bits", "3", "--lut-bits", "5", "--inputset", "20",
                           "--json", str(bad_json)], capture_output=True, text=True, timeout=600)
     assert "encrypted output equals the clear integer program" in res.stdout, res.stdout + res.stderr
     assert res.returncode != 0, res.stdout + res.stderr

@@ -22,8 +22,8 @@ from fhe.artifacts import verify
 from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
-from fhe.tfhe_recipe import preflight, stage_table
-from quant.ir import FREE_OPS, SHARED_OPS, Graph, round_bit_pattern, value_bits
+from fhe.tfhe_recipe import estimated_latency_s, stage_table
+from quant.ir import FREE_OPS, SHARED_OPS, Graph, rounded_bits
 
 
 def _rounded(node, x, src, exact: bool = True):
@@ -41,8 +41,7 @@ def _rounded(node, x, src, exact: bool = True):
     rounded = fhe.round_bit_pattern(x, lsbs_to_remove=r, exactness=exactness)
     if src is None or src.lo is None:
         return rounded
-    lo, hi = (int(round_bit_pattern(np.array(v), r)) for v in (src.lo, src.hi))
-    return fhe.hint(rounded, bit_width=max(src.bits, value_bits(lo, hi)))
+    return fhe.hint(rounded, bit_width=max(src.bits, rounded_bits(src.lo, src.hi, r)))
 
 
 def _lower_node(node, args, src=None, exact: bool = True):
@@ -226,7 +225,7 @@ class TfheBackend:
             "pbs_estimate_ir": self.graph.pbs_estimate(),
             "exact_rounding": self.params.exact_rounding,
             "stages": stage_table(c, self.graph),
-            "estimated_latency_s": preflight(c).estimated_latency_s,
+            "estimated_latency_s": estimated_latency_s(c),
         }
 
     # --------------------------------------------------------------------------- artifacts

@@ -2,21 +2,11 @@
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from fhe.cli import main
 
 PARAMS = {"lwe_dimension", "glwe_dimension", "polynomial_size", "pbs_base_log", "pbs_level", "ks_base_log", "ks_level"}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("m") / "tiny.pt"
-    res = CliRunner().invoke(main, ["train", "--task", "digits", "--attention", "inhibitor", "--norm", "none",
-                                    "--d-model", "4", "--heads", "1", "--epochs", "10", "--quiet", "-o", str(path)])
-    assert res.exit_code == 0, res.output
-    return path
 
 
 def test_quantize_reports_widths_and_accuracy(tiny_model, tmp_path):
