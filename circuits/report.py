@@ -79,14 +79,18 @@ def plot(reports: list[CircuitReport], path: Path) -> None:
     for variant in sorted({r.variant for r in reports}):
         rs = sorted((r for r in reports if r.variant == variant and not r.error), key=lambda r: r.seq_len)
         ts = [r.seq_len for r in rs]
-        axes[0].plot(ts, [r.pbs_count for r in rs], marker="o", label=variant)
-        if all(r.run_median_s for r in rs):
+        if rs:
+            axes[0].plot(ts, [r.pbs_count for r in rs], marker="o", label=variant)
+        if rs and all(r.run_median_s for r in rs):
             axes[1].plot(ts, [r.run_median_s for r in rs], marker="o", label=variant)
-    axes[0].set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="PBS count", title="PBS")
-    axes[1].set(xscale="log", yscale="log", xlabel="sequence length T", ylabel="seconds",
-                title="encrypted run (median)")
+    axes[0].set(xlabel="sequence length T", ylabel="PBS count", title="PBS")
+    axes[1].set(xlabel="sequence length T", ylabel="seconds", title="encrypted run (median)")
     ts = sorted({r.seq_len for r in reports})
     for ax in axes:
+        if not ax.lines:  # nothing compiled (or nothing executed: --mode simulate)
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+            continue
+        ax.set_yscale("log")
         ax.set_xscale("log", base=2)
         ax.set_xticks(ts, [str(t) for t in ts])
         ax.grid(True, which="both", alpha=0.3)

@@ -298,7 +298,7 @@ def _compile(model_path, opts: dict, simulate_only: bool = False):
         qconfig = resolve_quant(ckpt.extra.get("quant"), **{k: opts[k] for k in TFHE_QUANT_OPTIONS})
         params = TfheParams(n_bits=qconfig.n_bits, rounding_bits=qconfig.rounding_bits, p_error=opts["p_error"],
                             global_p_error=opts["global_p_error"], inputset_size=opts["inputset"],
-                            exact_rounding=opts["rounding"] == "exact")
+                            exact_rounding=opts["rounding"] == "exact", ranges=opts["ranges"])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
@@ -348,6 +348,9 @@ def fhe_options(fn):
         click.option("--rounding", type=click.Choice(["exact", "approximate"]), default="exact", show_default=True,
                      help="TFHE: Concrete's exact rounding (encrypted == clear program), or its approximate "
                      "rounding (cheaper; values near a rounding boundary may read the neighbouring entry)."),
+        click.option("--ranges", type=click.Choice(["calibrated", "proven"]), default="calibrated", show_default=True,
+                     help="TFHE: bit widths from the calibration set (inputs that would overflow one are refused "
+                     "by the client), or proven by interval arithmetic for every accepted input (wider, slower)."),
         click.option("--p-error", type=float, default=None, help="Per-PBS error probability."),
         click.option("--global-p-error", type=float, default=1e-5, show_default=True),
         click.option("--calib", "n_calib", type=int, default=None,
@@ -432,7 +435,8 @@ def print_ckks_report(rep: dict) -> None:
 def print_report(rep: dict) -> None:
     rows = [("scheme", rep["scheme"]), ("seq_len", rep["seq_len"]), ("n_bits", rep["n_bits"]),
             ("PBS", rep["pbs_count"]), ("max bit width", rep["max_bit_width"]),
-            ("rounding", "exact" if rep["exact_rounding"] else "approximate")]
+            ("rounding", "exact" if rep["exact_rounding"] else "approximate"),
+            ("ranges", _ranges_line(rep))]
     rows += [(f"params.{k}", v) for k, v in rep["params"].items()]
     rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
     rows += [(f"time.{k} (s)", "—" if v is None else f"{v:.3f}") for k, v in rep["timings_s"].items()]
@@ -446,6 +450,17 @@ def print_report(rep: dict) -> None:
         params = "; ".join(f"{p}: {n}" for p, n in r["params"].items()) or "—"
         click.echo(f"  | {r['tag']} | {r['pbs']} | {r['lookup_input_bits'] or '—'} | {r['bit_width']} | {params} | "
                    f"{100 * r['est_time_share']:.1f}% |")
+
+
+def _ranges_line(rep: dict) -> str:
+    if rep["ranges"] == "proven":
+        return "proven (no accepted input can overflow)"
+    risks = rep["overflow_risks"]
+    if not risks:
+        return "calibrated (proven safe for every accepted input)"
+    return (f"calibrated: {len(risks)} node(s) can overflow on inputs unlike the calibration set (e.g. "
+            f"{risks[0]['node']}: {risks[0]['calibrated_bits']} -> {risks[0]['proven_bits']} bits); the client "
+            "refuses such inputs; --ranges proven rules them out")
 
 
 @main.command(name="compile")
@@ -470,10 +485,15 @@ def compile_cmd(model_path, scheme, json_path, out_dir, no_run, **opts) -> None:
     check = compiled.verify(calib_x, limit=len(calib_x))
     click.echo(check.describe())
     if not check.exact and compiled.backend.params.exact_rounding:
+        from fhe.harness import locate_divergence
+
+        click.echo("locating the first diverging node (compiling prefixes of the program) ...")
+        where = locate_divergence(compiled, calib_x, check)
         raise click.ClickException(
             "the compiled circuit does not compute the integer program (Concrete's simulation differs on "
-            f"{check.n - check.n_equal} calibration samples); refusing to produce keys or artifacts. Please report it "
-            "with the model file; another --lut-bits may avoid it.")
+            f"{check.n - check.n_equal} calibration samples; "
+            f"{where.describe() if where else 'no prefix of the program reproduces it'}); refusing to produce keys "
+            "or artifacts. Please report it with the model file; another --lut-bits may avoid it.")
     if not no_run:
         _keygen_checked(compiled)
         click.echo("running one encrypted test sample ...")
@@ -544,6 +564,10 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
     out = client.decrypt(server.run(client.encrypt(x_int))) * np.asarray(meta["output_scale"])
     click.echo(f"sample {sample}: label {int(data.y_test[sample])}, encrypted prediction {int(out.argmax())} "
                f"({time.perf_counter() - start:.1f} s); logits {np.round(out, 3).tolist()}")
+    if meta.get("overflow_risks"):
+        click.echo(f"note: compiled with calibrated ranges; {len(meta['overflow_risks'])} node(s) can overflow on "
+                   "inputs unlike the calibration set, which this client (holding no program) cannot check. "
+                   "`fhe compare` refuses such inputs; `fhe compile --ranges proven` rules them out.", err=True)
 
 
 def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
@@ -595,13 +619,19 @@ def compare(model_path, scheme, n_samples, mode, json_path, **opts) -> None:
     # the clear run saturates but the encrypted circuit wraps around)
     runs = [compiled.program.run_int(xi[None], "clip") for xi in x_int]
     clear = np.concatenate([out for out, _ in runs])
+    # the client's overflow policy (fhe.harness.CompiledModel): samples that would leave a calibrated width
+    # are refused, not run, and counted; every metric below is over the accepted samples
+    accepted = np.array([not clipped for _, clipped in runs])
+    if not accepted.any():
+        raise click.ClickException(f"all {len(accepted)} samples would overflow a calibrated width; compile with "
+                                   "--ranges proven or calibrate on data like them (--calib)")
     fhe_out, latencies = [], []
-    for xi in tqdm(x_int, desc=mode, unit="sample"):
+    for xi in tqdm(x_int[accepted], desc=mode, unit="sample"):
         start = time.perf_counter()
         backend = compiled.backend
         fhe_out.append(backend.simulate(xi) if mode == "simulate" else backend.encrypt_run_decrypt(xi))
         latencies.append(time.perf_counter() - start)
-    fhe_out = np.stack(fhe_out)
+    fhe_out, clear, flt, y = np.stack(fhe_out), clear[accepted], flt[accepted], y[accepted]
     pred = {"float": flt.argmax(-1), "clear": clear.argmax(-1), mode: fhe_out.argmax(-1)}
     result = {
         "n": int(len(y)), "mode": mode, "n_bits": compiled.program.config.n_bits,
@@ -610,16 +640,16 @@ def compare(model_path, scheme, n_samples, mode, json_path, **opts) -> None:
                       f"{mode}_vs_float": float((pred[mode] == pred["float"]).mean()),
                       "clear_vs_float": float((pred["clear"] == pred["float"]).mean())},
         "exact_integer_match": float((fhe_out == clear).all(axis=-1).mean()),
-        "samples_outside_calibrated_widths": sum(bool(clipped) for _, clipped in runs),
+        "refused_overflow": int((~accepted).sum()),
         "latency_s": {"median": float(np.median(latencies)), "mean": float(np.mean(latencies))},
         "pbs_count": compiled.report()["pbs_count"],
     }
     for k, v in result.items():
         click.echo(f"{k:>20}: {v}")
-    if result["samples_outside_calibrated_widths"]:
-        click.echo(f"warning: {result['samples_outside_calibrated_widths']} sample(s) produced a value outside the "
-                   "calibrated bit widths; their encrypted results can differ from the clear program (calibrate on "
-                   "more representative data: --calib)", err=True)
+    if result["refused_overflow"]:
+        click.echo(f"warning: {result['refused_overflow']} sample(s) would take a value outside the calibrated bit "
+                   "widths (the encrypted circuit would wrap around); the client refused them and the figures above "
+                   "leave them out. Compile with --ranges proven, or calibrate on data like them (--calib).", err=True)
     if json_path:
         json_path.write_text(json.dumps(result, indent=2))
 
@@ -643,7 +673,8 @@ def _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits
 @click.option("--seq-lens", default="2,4,8,16", show_default=True)
 @click.option("--d", type=int, default=2, show_default=True, help="Head dimension.")
 @click.option("--n-bits", type=int, default=6, show_default=True)
-@click.option("--lut-bits", type=int, default=0, show_default=True, help="Round lookup inputs to N bits (0: off).")
+@click.option("--lut-bits", type=int, default=5, show_default=True,
+              help="Round lookup inputs to N bits (0: off; unrounded dot-product circuits find no parameters).")
 @click.option("--variants", default="inhibitor,dot-product", show_default=True,
               help="Comma list of inhibitor, signed-inhibitor, dot-product, power-softmax, dct, geglu.")
 @click.option("--mode", type=click.Choice(["simulate", "execute"]), default="execute", show_default=True)

@@ -11,3 +11,8 @@ class NotCompiledError(FheError):
 
 class KeysMissingError(FheError):
     pass
+
+
+class InputOverflowError(FheError):
+    """An input would push a value past the bit width calibration fixed: the encrypted circuit would wrap
+    around where the clear program saturates, so the client refuses to encrypt it."""

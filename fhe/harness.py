@@ -17,6 +17,7 @@ import torch
 
 from fhe.artifacts import atomic_save
 from fhe.backends import backend_for
+from fhe.errors import InputOverflowError
 from fhe.schemes import CkksParams, Scheme, TfheParams
 from models.transformer import Transformer
 from quant import QuantConfig, QuantizedProgram, export
@@ -40,12 +41,38 @@ class Backend(Protocol):
 
 @dataclass
 class CompiledModel:
+    """A TFHE-compiled integer program. Overflow policy (with ``ranges="calibrated"``): an input that would
+    take any value outside its calibrated bit width (where the encrypted circuit wraps around and the
+    clear program saturates) is refused by :meth:`encrypt` with :class:`InputOverflowError` naming the
+    node, so every encrypted result equals the clear program; ``allow_overflow=True`` encrypts anyway.
+    With ``ranges="proven"`` no accepted input can overflow and nothing is refused."""
+
     program: QuantizedProgram
     backend: Backend
+    allow_overflow: bool = False
 
     # float <-> integer at the client boundary
     def encrypt(self, x: np.ndarray | torch.Tensor):
-        return self.backend.encrypt(self.program.quantize_input(x))
+        x_int = self.program.quantize_input(x)
+        if not self.allow_overflow:
+            self.check_input(x_int)
+        return self.backend.encrypt(x_int)
+
+    def overflowing_nodes(self, x_int: np.ndarray) -> dict[str, int]:
+        """Nodes (and entry counts) that the quantized input ``x_int`` pushes past their bit width."""
+        _, clipped = self.program.run_int(x_int, "clip")
+        return clipped
+
+    def check_input(self, x_int: np.ndarray) -> None:
+        clipped = self.overflowing_nodes(x_int)
+        if clipped:
+            first = next(iter(clipped))
+            node = self.program.graph.nodes[first]
+            raise InputOverflowError(
+                f"this input takes {sum(clipped.values())} value(s) in {len(clipped)} node(s) outside their "
+                f"calibrated bit widths, first {first!r} (tag {node.tag!r}, {node.bits} bits); encrypted, they "
+                "would wrap around and the result would be wrong. Compile with --ranges proven (widths that "
+                "hold every input), calibrate on data like this input (--calib), or pass allow_overflow=True.")
 
     def run(self, ct):
         return self.backend.run(ct)
@@ -85,6 +112,18 @@ class CompiledModel:
                                float(np.abs(sim - clear).max()),
                                float((sim.reshape(len(sim), -1).argmax(-1) == clear.reshape(len(clear), -1).argmax(-1))
                                      .mean()))
+
+
+def locate_divergence(compiled: CompiledModel, calib_x, check: SimulationCheck):
+    """The first node whose simulated value differs from the clear program on the first sample ``check``
+    found unequal (:mod:`fhe.divergence`); None when the check was exact or no prefix reproduces it."""
+    from fhe.divergence import first_divergence
+
+    if check.first_mismatch is None:
+        return None
+    calib_ints = compiled.program.quantize_input(np.asarray(calib_x))
+    return first_divergence(compiled.program.graph, calib_ints[check.first_mismatch], calib_ints,
+                            compiled.backend.params)
 
 
 @dataclass(frozen=True)
@@ -174,5 +213,7 @@ def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams 
             "input_qmin": program.input_quantizer.qmin, "input_qmax": program.input_quantizer.qmax,
             "output_scale": np.asarray(program.output_scale).tolist(),
             **(meta or {})}
-    backend = backend_cls.compile(program.graph, calib_ints, params, meta=meta, simulate_only=simulate_only)
+    q = program.input_quantizer
+    backend = backend_cls.compile(program.graph, calib_ints, params, meta=meta, simulate_only=simulate_only,
+                                  input_range=(q.qmin, q.qmax))
     return CompiledModel(program, backend)

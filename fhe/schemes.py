@@ -19,6 +19,9 @@ class FheMode(str, Enum):
     EXECUTE = "execute"  # real keys, real ciphertexts
 
 
+RANGES = ("calibrated", "proven")
+
+
 @dataclass(frozen=True)
 class TfheParams:
     """TFHE compilation settings (concrete-python).
@@ -28,6 +31,12 @@ class TfheParams:
     the integer program itself, so the clear and encrypted runs agree exactly). ``exact_rounding``:
     Concrete's exact rounding (extra PBS, encrypted == clear) or its approximate rounding (cheaper
     lookups; values near a rounding boundary may read the neighbouring table entry).
+
+    ``ranges``: where every value's bit width comes from. ``calibrated`` (default, cheapest): from the
+    calibration set; an input unlike it can push a value past its width, where the encrypted circuit
+    would wrap around, so the client refuses such inputs (:class:`fhe.harness.InputOverflowError`).
+    ``proven``: from interval arithmetic over every input the client accepts (quant/ranges.py): no
+    value can overflow, at the cost of wider values (measured in benchmarks/results/overflow.md).
     """
 
     n_bits: int = 6
@@ -38,8 +47,11 @@ class TfheParams:
     loop_parallelize: bool = True
     inputset_size: int = 500
     exact_rounding: bool = True
+    ranges: str = "calibrated"
 
     def __post_init__(self) -> None:
+        if self.ranges not in RANGES:
+            raise ValueError(f"ranges must be one of {RANGES}, got {self.ranges!r}")
         if not 2 <= self.n_bits <= 16:
             raise ValueError(f"n_bits must be in [2, 16], got {self.n_bits}")
         for name in ("p_error", "global_p_error"):

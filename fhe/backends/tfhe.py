@@ -24,6 +24,7 @@ from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
 from fhe.tfhe_recipe import estimated_latency_s, stage_table
 from quant.ir import FREE_OPS, SHARED_OPS, Graph, rounded_bits
+from quant.ranges import overflow_risks, widen_to_proven
 
 
 def _rounded(node, x, src, exact: bool = True):
@@ -149,10 +150,22 @@ class TfheBackend:
     # ------------------------------------------------------------------------------ compile
     @classmethod
     def compile(cls, graph: Graph, calib_ints: np.ndarray, params: TfheParams, meta: dict | None = None,
-                simulate_only: bool = False) -> TfheBackend:
-        """Compiles ``graph`` with an inputset drawn from the calibration integers."""
+                simulate_only: bool = False, input_range: tuple[int, int] | None = None) -> TfheBackend:
+        """Compiles ``graph`` with an inputset drawn from the calibration integers.
+
+        ``input_range``: the integers the client can send (default: the input's calibrated range). With
+        ``params.ranges == "proven"`` every node's width is first widened to hold every value those inputs
+        can produce (the graph is changed in place, so the clear program stays the circuit's reference)."""
         if graph.output_name is None or graph.nodes[graph.input_name].lo is None:
             raise NotCompiledError("the integer program is not calibrated; build it with quant.export first")
+        inp = graph.nodes[graph.input_name]
+        input_range = input_range or (inp.lo, inp.hi)
+        meta = dict(meta or {})
+        meta["ranges"] = params.ranges
+        if params.ranges == "proven":
+            meta["widened_nodes"] = widen_to_proven(graph, *input_range)
+        else:
+            meta["overflow_risks"] = overflow_risks(graph, *input_range)
         graph.check_fits()
         rounds = any(n.op == "lut" and n.attrs.get("rounding_bits") for n in graph.nodes.values())
         # Concrete sizes round_bit_pattern from the inputset, not from hints: with rounding, a smaller
@@ -166,7 +179,6 @@ class TfheBackend:
         compiler = fhe.Compiler(to_concrete_function(graph, params.exact_rounding), {"x": "encrypted"})
         start = time.perf_counter()
         circuit = compiler.compile(inputset, config)
-        meta = dict(meta or {})
         meta.setdefault("input_shape", list(graph.input_shape))
         return cls(graph, circuit, params, time.perf_counter() - start, meta)
 
@@ -224,6 +236,8 @@ class TfheBackend:
             "complexity": float(c.complexity),
             "pbs_estimate_ir": self.graph.pbs_estimate(),
             "exact_rounding": self.params.exact_rounding,
+            "ranges": self.params.ranges,
+            "overflow_risks": self.meta.get("overflow_risks", []),
             "stages": stage_table(c, self.graph),
             "estimated_latency_s": estimated_latency_s(c),
         }

@@ -58,3 +58,28 @@ def test_compile_writes_artifacts_that_fhe_run_uses(tiny_model, tmp_path):
     assert "sample 3: label" in res.output and "encrypted prediction" in res.output
     res = CliRunner().invoke(main, ["run", str(tmp_path / "nothing")])
     assert res.exit_code == 1 and "no client artifact" in res.output and "fhe compile" in res.output
+
+
+def test_report_with_its_defaults_compiles_both_kinds_and_plots(tmp_path):
+    """`fhe report` at its default rounding compiles dot-product as well as Inhibitor circuits, and a
+    simulated sweep (no run times to plot) still writes its PNG."""
+    res = CliRunner().invoke(main, ["report", "--mode", "simulate", "--seq-lens", "2", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads((tmp_path / "tfhe_attention.json").read_text())["reports"]
+    assert {r["variant"] for r in rows} == {"inhibitor", "dot-product"}
+    assert all(r["error"] is None and r["exact"] for r in rows)
+    assert (tmp_path / "tfhe_attention.png").stat().st_size > 0
+
+
+def test_compare_counts_refused_inputs_and_the_report_names_overflow_risks(tiny_model, tmp_path):
+    rep_path = tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["compile", str(tiny_model), "--no-run", "--json", str(rep_path)])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(rep_path.read_text())
+    assert rep["ranges"] == "calibrated" and rep["overflow_risks"] and "can overflow" in res.output
+    cmp_path = tmp_path / "c.json"
+    res = CliRunner().invoke(main, ["compare", str(tiny_model), "--mode", "simulate", "--n", "20",
+                                    "--json", str(cmp_path)])
+    assert res.exit_code == 0, res.output
+    cmp = json.loads(cmp_path.read_text())
+    assert cmp["refused_overflow"] + cmp["n"] == 20 and cmp["exact_integer_match"] == 1.0

@@ -139,3 +139,31 @@ def test_rounding_up_past_the_input_width_is_exact():
     g.calibrate(xs)
     backend = TfheBackend.compile(g, xs, TfheParams(inputset_size=len(xs)), simulate_only=True)
     np.testing.assert_array_equal(np.stack([backend.simulate(x) for x in xs]), g.run(xs)[0])
+
+
+def test_first_divergence_names_the_miscompiled_lookup(monkeypatch):
+    """With the rounding fix removed (the unhinted lowering of issue 13), the bisection over program
+    prefixes names the rounded lookup that Concrete miscompiles, not the nodes before or after it."""
+    import concrete.fhe as cfhe
+
+    import fhe.backends.tfhe as tfhe_backend
+    from fhe.divergence import first_divergence
+
+    def unfixed(node, x, src, exact=True):
+        return cfhe.round_bit_pattern(x, lsbs_to_remove=node.attrs["rounding_bits"])
+
+    g = Graph()
+    g.add("x", "input", shape=(1,))
+    g.add("a", "add_const", ("x",), value=np.int64(0))
+    g.add("y", "lut", ("a",), fn=lambda t: np.clip(np.round(t / 50), 0, 7).astype(np.int64), shape=(1,),
+          rounding_bits=2)
+    g.add("z", "add_const", ("y",), value=np.int64(3))
+    g.set_output("z")
+    xs = np.arange(0, 240).reshape(-1, 1)
+    g.calibrate(xs)
+    g.nodes["a"].lo, g.nodes["a"].hi = 0, 300
+    params = TfheParams(inputset_size=240)
+    assert first_divergence(g, np.array([75]), xs, params) is None  # the fixed lowering: nothing diverges
+    monkeypatch.setattr(tfhe_backend, "_rounded", unfixed)
+    found = first_divergence(g, np.array([75]), xs, params)
+    assert found is not None and found.node == "y" and found.max_abs_diff == 1

@@ -1,0 +1,149 @@
+"""Proven value ranges: interval arithmetic over the integer program, for every input the client accepts.
+
+Calibration (:meth:`quant.ir.Graph.calibrate`) fixes each node's bit width from the values a
+calibration set produces. An input the calibration set did not resemble can push a leveled value
+(an accumulator, a sum) past that width: the clear program saturates it, the encrypted circuit wraps
+around, and the two disagree silently. This module bounds every node over *all* inputs in the client's
+accepted range instead: clear weights and constants are known, so each op maps element-wise intervals
+to element-wise intervals exactly or conservatively, and a table lookup's output is bounded by its
+table over every (rounded) input its source can hold. With every node's width set from these bounds
+(``fhe compile --ranges proven``) no value can leave its width, so encrypted == clear for every input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from quant.ir import FREE_OPS, Graph, Node, round_bit_pattern, value_bits
+
+TABLE_LIMIT = 1 << 18  # table entries evaluated per lookup node (inputs wider than this are bounded coarsely)
+
+
+@dataclass(frozen=True)
+class Interval:
+    lo: np.ndarray  # element-wise bounds, shaped like the node's value (no batch axis)
+    hi: np.ndarray
+
+    @property
+    def scalar(self) -> tuple[int, int]:
+        return int(self.lo.min()), int(self.hi.max())
+
+
+def proven_intervals(graph: Graph, input_lo: int, input_hi: int) -> dict[str, Interval]:
+    """Element-wise bounds of every node for every input in [input_lo, input_hi]."""
+    env: dict[str, Interval] = {}
+    for node in graph.nodes.values():
+        args = [env[i] for i in node.inputs]
+        if node.op == "input":
+            shape = graph.input_shape
+            env[node.name] = Interval(np.full(shape, input_lo, np.int64), np.full(shape, input_hi, np.int64))
+        else:
+            env[node.name] = _bound(node, args)
+    return env
+
+
+def proven_ranges(graph: Graph, input_lo: int, input_hi: int) -> dict[str, tuple[int, int]]:
+    """Per node, the (lo, hi) every input in [input_lo, input_hi] keeps it within."""
+    return {name: iv.scalar for name, iv in proven_intervals(graph, input_lo, input_hi).items()}
+
+
+def widen_to_proven(graph: Graph, input_lo: int, input_hi: int) -> list[dict]:
+    """Sets every node's range to the union of its calibrated and proven ranges; returns the nodes
+    whose bit width grew (name, tag, op, calibrated and proven bits)."""
+    proven = proven_ranges(graph, input_lo, input_hi)
+    grown = []
+    for name, node in graph.nodes.items():
+        if node.lo is None:
+            raise ValueError("calibrate the program before proving its ranges")
+        before = node.bits
+        node.lo, node.hi = min(node.lo, proven[name][0]), max(node.hi, proven[name][1])
+        if node.bits != before:
+            grown.append({"node": name, "tag": node.tag, "op": node.op, "calibrated_bits": before,
+                          "proven_bits": node.bits})
+    return grown
+
+
+def overflow_risks(graph: Graph, input_lo: int, input_hi: int) -> list[dict]:
+    """Nodes whose calibrated width some accepted input can exceed (empty: calibration is safe)."""
+    proven = proven_ranges(graph, input_lo, input_hi)
+    risks = []
+    for name, node in graph.nodes.items():
+        lo, hi = proven[name]
+        if node.lo is not None and node.op not in FREE_OPS and value_bits(lo, hi) > node.bits:
+            risks.append({"node": name, "tag": node.tag, "op": node.op, "calibrated_bits": node.bits,
+                          "proven_bits": value_bits(lo, hi)})
+    return risks
+
+
+# ------------------------------------------------------------------------------------ per op
+def _bound(node: Node, args: list[Interval]) -> Interval:
+    a, op = node.attrs, node.op
+    if op in ("linear", "matmul_left"):
+        w = np.asarray(a["weight"], dtype=np.int64)
+        pos, neg = np.maximum(w, 0), np.minimum(w, 0)
+        x = args[0]
+        if op == "linear":
+            lo, hi = x.lo @ pos + x.hi @ neg, x.hi @ pos + x.lo @ neg
+            b = np.asarray(a["bias"], dtype=np.int64)
+            return Interval(lo + b, hi + b)
+        return Interval(np.matmul(pos, x.lo) + np.matmul(neg, x.hi), np.matmul(pos, x.hi) + np.matmul(neg, x.lo))
+    if op == "add_const":
+        c = np.asarray(a["value"], dtype=np.int64)
+        return Interval(args[0].lo + c, args[0].hi + c)
+    if op == "mul_const":
+        return _product_bounds(args[0], _point(a["value"]))
+    if op == "add":
+        return Interval(args[0].lo + args[1].lo, args[0].hi + args[1].hi)
+    if op == "sub":
+        return Interval(args[0].lo - args[1].hi, args[0].hi - args[1].lo)
+    if op == "neg":
+        return Interval(-args[0].hi, -args[0].lo)
+    if op == "sum":
+        keep = a.get("keepdims", False)
+        return Interval(np.sum(args[0].lo, axis=a["axis"], keepdims=keep),
+                        np.sum(args[0].hi, axis=a["axis"], keepdims=keep))
+    if op == "mul":
+        return _product_bounds(args[0], args[1])
+    if op == "matmul":
+        x, y = args
+        terms = _product_bounds(Interval(x.lo[..., :, :, None], x.hi[..., :, :, None]),
+                                Interval(y.lo[..., None, :, :], y.hi[..., None, :, :]))
+        return Interval(terms.lo.sum(axis=-2), terms.hi.sum(axis=-2))
+    if op == "lut":
+        return _table_bounds(node, args[0])
+    if op in FREE_OPS or op == "expand_dims":
+        return Interval(*(_layout(node, [getattr(x, side) for x in args]) for side in ("lo", "hi")))
+    raise ValueError(f"no interval rule for op {op!r} (node {node.name!r})")
+
+
+def _point(value) -> Interval:
+    v = np.asarray(value, dtype=np.int64)
+    return Interval(v, v)
+
+
+def _product_bounds(x: Interval, y: Interval) -> Interval:
+    corners = np.stack(np.broadcast_arrays(x.lo * y.lo, x.lo * y.hi, x.hi * y.lo, x.hi * y.hi))
+    return Interval(corners.min(axis=0), corners.max(axis=0))
+
+
+def _table_bounds(node: Node, src: Interval) -> Interval:
+    """A lookup's output over every value its source can hold (rounded as the node rounds)."""
+    lo, hi = src.scalar
+    r = node.attrs.get("rounding_bits", 0)
+    candidates = np.unique(round_bit_pattern(np.arange(lo, hi + 1, dtype=np.int64), r)) \
+        if hi - lo < TABLE_LIMIT else None
+    if candidates is None:
+        raise ValueError(f"lookup {node.name!r} reads a range of {hi - lo + 1} values; too wide to tabulate")
+    shape = tuple(node.attrs["shape"])
+    column = candidates.reshape((-1,) + (1,) * len(shape))
+    grid = np.ascontiguousarray(np.broadcast_to(column, (len(candidates), *shape)))
+    values = np.asarray(node.attrs["fn"](grid), dtype=np.int64)
+    return Interval(values.min(axis=0), values.max(axis=0))
+
+
+def _layout(node: Node, arrays: list[np.ndarray]) -> np.ndarray:
+    from quant.ir import _evaluate  # the interpreter's layout ops, on bound arrays instead of values
+
+    return _evaluate(node, arrays, None)
