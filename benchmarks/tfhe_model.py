@@ -143,7 +143,7 @@ def _pct(v) -> str:
 def report(task: str, accuracy: dict, main_rows: dict, variants: list[tuple[str, dict]]) -> list[str]:
     lines = [f"# Whole models under TFHE: {task}", "", f"`{command_line()}`", "",
              f"Recipe: {RECIPES[task]}; BatchNorm folded at export; `fhe train --qat-bits 6` (QAT through the "
-             "integer program, 6-bit activations, 4-bit Q/K/V and inputs, 5-bit weights, lookups rounded to <= 5 bits, "
+             "integer program, 6-bit activations, 4-bit Q/K/V, inputs and weights, lookups rounded to <= 5 bits, "
              "exact rounding, global p_error 1e-5). Machine: 2 cores, shared; load averages are listed with each "
              "measurement.", "", "## Accuracy (test split; the integer program is the QAT model's own forward)", "",
              "| kind | float | PTQ program | QAT program | seeds |", "|---|---|---|---|---|"]

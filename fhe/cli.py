@@ -557,9 +557,9 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
     data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch"))
     if not 0 <= sample < len(data.x_test):
         raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}] for {meta['task']}, got {sample}")
-    x = data.x_test[sample].numpy().astype(np.float64)
-    scale, zp = meta["input_scale"], meta["input_zero_point"]
-    x_int = np.clip(np.round(x / scale) + zp, meta["input_qmin"], meta["input_qmax"]).astype(np.int64)
+    from fhe.deploy.client import quantize_input
+
+    x_int = quantize_input(meta, data.x_test[sample].numpy())
     start = time.perf_counter()
     out = client.decrypt(server.run(client.encrypt(x_int))) * np.asarray(meta["output_scale"])
     click.echo(f"sample {sample}: label {int(data.y_test[sample])}, encrypted prediction {int(out.argmax())} "
@@ -597,7 +597,10 @@ def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
 @click.option("--n", "n_samples", type=int, default=20, show_default=True, help="Test samples.")
 @click.option("--mode", type=click.Choice(["simulate", "execute"]), default="simulate", show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
-def compare(model_path, scheme, n_samples, mode, json_path, **opts) -> None:
+@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="TFHE execute: spread the encrypted samples over N local Ray workers (0: in this process).")
+@click.option("--ray", "ray_address", default=None, help="TFHE execute: join the Ray cluster at this address.")
+def compare(model_path, scheme, n_samples, mode, json_path, workers, ray_address, **opts) -> None:
     """Float vs clear-integer vs simulated/encrypted accuracy and agreement on N test samples
     (CKKS: float vs clear polynomial program vs encrypted, with output MSE)."""
     import time
@@ -626,7 +629,9 @@ def compare(model_path, scheme, n_samples, mode, json_path, **opts) -> None:
         raise click.ClickException(f"all {len(accepted)} samples would overflow a calibrated width; compile with "
                                    "--ranges proven or calibrate on data like them (--calib)")
     fhe_out, latencies = [], []
-    for xi in tqdm(x_int[accepted], desc=mode, unit="sample"):
+    if mode == "execute" and (workers or ray_address):
+        fhe_out, latencies = _execute_on_ray(compiled, x_int[accepted], workers, ray_address)
+    for xi in tqdm(x_int[accepted] if not fhe_out else [], desc=mode, unit="sample"):
         start = time.perf_counter()
         backend = compiled.backend
         fhe_out.append(backend.simulate(xi) if mode == "simulate" else backend.encrypt_run_decrypt(xi))
@@ -652,6 +657,70 @@ def compare(model_path, scheme, n_samples, mode, json_path, **opts) -> None:
                    "leave them out. Compile with --ranges proven, or calibrate on data like them (--calib).", err=True)
     if json_path:
         json_path.write_text(json.dumps(result, indent=2))
+
+
+def _execute_on_ray(compiled, x_int: np.ndarray, workers: int, address: str | None):
+    """Encrypted outputs of ``x_int`` computed by Ray workers from a temporary server artifact; the
+    per-sample latency reported is the batch's wall time over its size (throughput, not latency)."""
+    import tempfile
+
+    from tqdm import tqdm
+
+    from fhe.deploy import wire
+    from fhe.deploy.batch import run_batch
+
+    circuit = compiled.backend.circuit
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = compiled.save(tmp)
+        payloads = [wire.pack([circuit.encrypt(xi).serialize()]) for xi in x_int]
+        bar = tqdm(total=len(payloads), desc=f"execute on {workers or 'cluster'} Ray workers", unit="sample")
+        result = run_batch(paths["server"], circuit.client.evaluation_keys.serialize(), payloads, workers, address,
+                           progress=lambda done: bar.update(done - bar.n))
+        bar.close()
+    from concrete import fhe as cfhe
+
+    outs = [np.asarray(circuit.decrypt(cfhe.Value.deserialize(wire.unpack(o)[0]))) for o in result.outputs]
+    click.echo(f"Ray: {result.workers} workers, setup {result.setup_s:.1f} s, {result.throughput:.3f} samples/s")
+    return outs, [result.run_s / len(outs)] * len(outs)
+
+
+@main.command()
+@click.argument("artifact_dir", type=click.Path(path_type=Path))
+@click.option("--n", "n_samples", type=click.IntRange(min=1), default=8, show_default=True, help="Test samples.")
+@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Local Ray workers (0: in this process).")
+@click.option("--ray", "ray_address", default=None, help="Join the Ray cluster at this address instead.")
+@click.option("--block", type=click.IntRange(min=1), default=None,
+              help="CKKS: samples per SIMD batch (one work item per batch; default: split evenly over workers).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+def batch(artifact_dir, n_samples, workers, ray_address, block, data_dir) -> None:
+    """Encrypt the first N test samples with ARTIFACT_DIR/client, run them on ARTIFACT_DIR/server (in
+    this process or on Ray workers), decrypt, and print accuracy and throughput."""
+    from fhe.deploy.batch import run_batch
+    from fhe.deploy.client import Client
+    from fhe.errors import FheError
+    from models.tasks import load_task
+
+    try:
+        client = Client(artifact_dir / "client")
+        meta = client.meta
+        data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch"))
+        x, y = data.x_test[:n_samples].numpy(), data.y_test[:n_samples].numpy()
+        if client.scheme == "tfhe":
+            groups = [xi for xi in x]
+        else:
+            size = block or -(-len(x) // max(1, workers))
+            groups = [x[i:i + size] for i in range(0, len(x), size)]
+        payloads = [client.encrypt(g) for g in groups]
+        result = run_batch(artifact_dir / "server", client.public_keys(), payloads, workers, ray_address)
+        logits = np.concatenate([np.asarray(client.decrypt(o)).reshape(-1, data.n_outputs) for o in result.outputs])
+    except FheError as exc:
+        raise click.ClickException(str(exc)) from exc
+    where = "in this process" if not result.workers else f"on {result.workers} Ray workers"
+    per_worker = ", ".join(f"{s:.1f}" for s in result.per_worker_setup_s)
+    click.echo(f"{len(x)} samples {where}: accuracy {(logits.argmax(-1) == y).mean():.4f}; "
+               f"setup {result.setup_s:.1f} s (per worker {per_worker} s), run {result.run_s:.1f} s, "
+               f"{len(x) / result.run_s:.3f} samples/s")
 
 
 def _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
@@ -702,6 +771,76 @@ def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem
     paths = write(reports, out_dir, stem, "fhe " + " ".join(sys.argv[1:]))
     click.echo(paths["md"].read_text())
     click.echo(f"wrote {paths['md']}, {paths['json']}, {paths['png']}")
+
+
+@main.command()
+@click.argument("artifact_dir", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--keys-dir", type=click.Path(path_type=Path), default=None,
+              help="Where uploaded keys are stored (default: uploaded_keys/ next to the server folder).")
+@click.option("--max-payload-mb", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--max-keys-mb", type=click.IntRange(min=1), default=8192, show_default=True)
+def serve(artifact_dir, host, port, keys_dir, max_payload_mb, max_keys_mb) -> None:
+    """Serve encrypted inference over HTTP from ARTIFACT_DIR's server artifact (never a secret key)."""
+    from fhe.deploy.server import serve as run_server
+    from fhe.errors import FheError
+
+    try:
+        run_server(artifact_dir, host, port, keys_dir, max_payload_bytes=max_payload_mb << 20,
+                   max_keys_bytes=max_keys_mb << 20)
+    except FheError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command(name="client")
+@click.argument("client_dir", type=click.Path(path_type=Path))
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True)
+@click.option("--sample", type=int, default=None, help="Index into the task's test split.")
+@click.option("--input", "input_path", type=click.Path(path_type=Path), default=None,
+              help="A .npy file with one input (the model's input shape, floats).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+def client_cmd(client_dir, url, sample, input_path, data_dir) -> None:
+    """Encrypt an input with CLIENT_DIR's keys, have the service at --url run it, decrypt the answer."""
+    import httpx
+
+    from fhe.deploy.client import Client
+    from fhe.errors import FheError
+    from models.tasks import load_task
+
+    if (sample is None) == (input_path is None):
+        raise click.UsageError("give exactly one of --sample N or --input FILE.npy")
+    try:
+        client = Client(client_dir, url)
+        if input_path is not None:
+            x, label = _read_input(input_path), None
+        else:
+            meta = client.meta
+            data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch"))
+            if not 0 <= sample < len(data.x_test):
+                raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}], got {sample}")
+            x, label = data.x_test[sample].numpy(), int(data.y_test[sample])
+        if client.scheme == "ckks":
+            x = x[None]
+        client.upload_keys()
+        result = client.predict(x)
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc} (is `fhe serve` running?)") from exc
+    except (FheError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    logits = np.asarray(result.logits).reshape(-1)
+    click.echo(f"prediction {int(logits.argmax())}" + ("" if label is None else f" (label {label})") +
+               f"; round trip {result.round_trip_s:.2f} s, server {result.server_s:.2f} s; "
+               f"logits {np.round(logits, 3).tolist()}")
+
+
+def _read_input(path: Path) -> np.ndarray:
+    if path.suffix != ".npy":
+        raise click.UsageError(f"--input must be a .npy file, got {path.name}")
+    try:
+        return np.load(path, allow_pickle=False).astype(np.float64)
+    except (OSError, ValueError) as exc:
+        raise click.UsageError(f"cannot read {path}: {exc}") from exc
 
 
 def entry() -> None:

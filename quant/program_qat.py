@@ -61,16 +61,12 @@ def program_score(program: QuantizedProgram, task: TaskData) -> float:
 
 def train_program(model: Transformer, task: TaskData, quant: QuantConfig, train_config: TrainConfig,
                   n_calib: int = DEFAULT_CALIB_SAMPLES, progress: bool = True,
-                  distill: float = 0.5, average_last: float = 0.0) -> ProgramQatResult:
+                  distill: float = 0.5) -> ProgramQatResult:
     """Fine-tune ``model`` through its integer program (AdamW, cosine schedule); returns the folded model,
     its exported program and the program's test score.
 
     ``distill`` weighs a distillation term: the KL divergence from the float model's predictions (the
-    teacher, frozen) to the program's, next to the task loss (classification tasks only).
-
-    ``average_last`` > 0 exports the mean of the weights at the end of each of the last
-    ``average_last`` x epochs (stochastic weight averaging, Izmailov et al. 2018) instead of the last
-    weights: the integer program's accuracy varies less from seed to seed."""
+    teacher, frozen) to the program's, next to the task loss (classification tasks only)."""
     seed_everything(train_config.seed)
     teacher = fold_norms(model.eval())
     model = _trainable_copy(teacher)
@@ -83,9 +79,6 @@ def train_program(model: Transformer, task: TaskData, quant: QuantConfig, train_
     loss_fn = task.loss_fn()
     g = torch.Generator().manual_seed(train_config.seed)
     history: list[dict] = []
-    first_averaged = train_config.epochs - max(1, round(average_last * train_config.epochs)) if average_last > 0 \
-        else train_config.epochs
-    averaged = _WeightAverage()
     bar = tqdm(total=steps, desc=f"program QAT {quant.n_bits} bits", disable=not progress, leave=False, unit="step")
     for epoch in range(train_config.epochs):
         model.eval()  # no dropout: the twin is the inference program
@@ -110,35 +103,13 @@ def train_program(model: Transformer, task: TaskData, quant: QuantConfig, train_
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.4f}")
         history.append({"epoch": epoch + 1, "train_loss": total / n})
-        if epoch >= first_averaged:
-            averaged.update(model)
     bar.close()
-    if averaged.count:
-        averaged.load_into(model)
     model.eval()
     program = export(model, calib_x, quant)
     score = program_score(program, task)
     if history:
         history[-1][f"program_test_{task.metric.value}"] = score
     return ProgramQatResult(model, program, score, history)
-
-
-class _WeightAverage:
-    """Running mean of a model's parameters and buffers."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.state: dict[str, torch.Tensor] = {}
-
-    def update(self, model: torch.nn.Module) -> None:
-        self.count += 1
-        for k, v in model.state_dict().items():
-            v = v.detach().double()
-            self.state[k] = v.clone() if self.count == 1 else self.state[k] + (v - self.state[k]) / self.count
-
-    def load_into(self, model: torch.nn.Module) -> None:
-        current = model.state_dict()
-        model.load_state_dict({k: v.to(current[k].dtype) for k, v in self.state.items()})
 
 
 def _trainable_copy(model: Transformer) -> Transformer:

@@ -56,6 +56,9 @@ def test_compile_writes_artifacts_that_fhe_run_uses(tiny_model, tmp_path):
     res = CliRunner().invoke(main, ["run", str(out), "--sample", "3"])
     assert res.exit_code == 0, res.output
     assert "sample 3: label" in res.output and "encrypted prediction" in res.output
+    res = CliRunner().invoke(main, ["batch", str(out), "--n", "2"])
+    assert res.exit_code == 0, res.output
+    assert "2 samples in this process: accuracy" in res.output and "samples/s" in res.output
     res = CliRunner().invoke(main, ["run", str(tmp_path / "nothing")])
     assert res.exit_code == 1 and "no client artifact" in res.output and "fhe compile" in res.output
 

@@ -20,12 +20,7 @@ def digits():
     return load_task("digits", patch=4)
 
 
-NO_PARAMETERS = pytest.mark.xfail(
-    raises=RuntimeError, strict=True,
-    reason="Concrete finds no parameters for the quarter-square S·V products (8-bit sums, 11-bit outputs) of "
-    "this untrained dot-product model at the default widths; `fhe compile` says so and names the options")
-CASES = [pytest.param(kind, layers, quant, id=f"{kind.value}-{layers}-{quant}",
-                      marks=NO_PARAMETERS if kind is AttentionKind.DOT_PRODUCT and quant == "default" else ())
+CASES = [pytest.param(kind, layers, quant, id=f"{kind.value}-{layers}-{quant}")
          for kind in AttentionKind for layers in (1, 2) for quant in QUANTS
          if not (quant == "wide" and layers == 2)]  # one layer is enough for the second quantization
 

@@ -1,0 +1,128 @@
+"""The data owner's side of the service: keys uploaded once, then encrypt, post, decrypt.
+
+    client = Client("artifacts/client", "http://127.0.0.1:8000")
+    result = client.predict(x)          # x: one sample (TFHE) or a batch (CKKS), floats
+    result.logits, result.round_trip_s, result.server_s
+
+The client artifact (``fhe compile --out``) already holds the keys made at compile time; the key id
+is the SHA-256 of the evaluation keys (or public context), so the client asks the server whether it
+holds them and uploads them only once per server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fhe.deploy import wire
+from fhe.errors import FheError
+
+
+class ServiceError(FheError):
+    """The service answered with an error (its status and message are in the text)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    logits: np.ndarray
+    round_trip_s: float  # encrypt + upload + server + download + decrypt
+    server_s: float  # what the server spent computing (its X-Server-Seconds header)
+
+
+def quantize_input(meta: dict, x: np.ndarray) -> np.ndarray:
+    """The TFHE client's quantisation, from the artifact's metadata (inputs outside the range are clipped)."""
+    x = np.asarray(x, dtype=np.float64)
+    scale, zp = meta["input_scale"], meta["input_zero_point"]
+    return np.clip(np.round(x / scale) + zp, meta["input_qmin"], meta["input_qmax"]).astype(np.int64)
+
+
+class Client:
+    def __init__(self, client_dir: str | Path, url: str | None = None, timeout_s: float = 3600.0) -> None:
+        """``url``: the service; without one the client only encrypts and decrypts (e.g. for `fhe batch`)."""
+        import httpx
+
+        client_dir = Path(client_dir)
+        if (client_dir / "context.secret").exists():
+            from fhe.backends.ckks import CkksClient
+
+            self.scheme, self.local = "ckks", CkksClient(client_dir)
+        else:
+            from fhe.backends.tfhe import TfheClient
+
+            self.scheme, self.local = "tfhe", TfheClient(client_dir)
+        self.meta = self.local.meta
+        self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s) if url else None
+        self.key_id: str | None = None
+
+    # ----------------------------------------------------------------------------------- keys
+    def public_keys(self) -> bytes:
+        if self.scheme == "tfhe":
+            return self.local.client.evaluation_keys.serialize()
+        return self.local.context.serialize(save_secret_key=False)
+
+    def upload_keys(self) -> str:
+        """The key id on the server, uploading the keys only if the server does not hold them yet."""
+        if self.key_id:
+            return self.key_id
+        blob = self.public_keys()
+        key_id = hashlib.sha256(blob).hexdigest()
+        if self.http.get(f"/keys/{key_id}").status_code != 204:
+            resp = self.http.put("/keys", content=blob, headers={"content-type": wire_type()})
+            _raise_for(resp)
+            key_id = resp.json()["key_id"]
+        self.key_id = key_id
+        return key_id
+
+    # ---------------------------------------------------------------------------- inference
+    def encrypt(self, x: np.ndarray) -> bytes:
+        shape = self.meta.get("input_shape")
+        if shape is not None and tuple(np.shape(x)[-len(shape):]) != tuple(shape):
+            raise FheError(f"input of shape {np.shape(x)}; this model takes {tuple(shape)}"
+                           + (" (one sample)" if self.scheme == "tfhe" else " per sample"))
+        if self.scheme == "tfhe":
+            return wire.pack([self.local.encrypt(quantize_input(self.meta, x))])
+        return wire.pack([ct.serialize() for ct in self.local.encrypt(np.asarray(x, dtype=np.float64))])
+
+    def decrypt(self, payload: bytes) -> np.ndarray:
+        items = wire.unpack(payload)
+        if self.scheme == "tfhe":
+            return self.local.decrypt(items[0]) * np.asarray(self.meta["output_scale"])
+        import tenseal as ts
+
+        return self.local.decrypt([ts.ckks_vector_from(self.local.context, item) for item in items])
+
+    def infer(self, payload: bytes) -> tuple[bytes, float]:
+        resp = self.http.post(f"/infer/{self.upload_keys()}", content=payload, headers={"content-type": wire_type()})
+        _raise_for(resp)
+        return resp.content, float(resp.headers.get("x-server-seconds", "nan"))
+
+    def predict(self, x: np.ndarray) -> Prediction:
+        self.upload_keys()
+        start = time.perf_counter()
+        out, server_s = self.infer(self.encrypt(x))
+        logits = self.decrypt(out)
+        return Prediction(logits, time.perf_counter() - start, server_s)
+
+    def describe(self) -> dict:
+        resp = self.http.get("/model")
+        _raise_for(resp)
+        return resp.json()
+
+
+def wire_type() -> str:
+    return "application/octet-stream"
+
+
+def _raise_for(resp) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        detail = json.loads(resp.text).get("detail", resp.text)
+    except ValueError:
+        detail = resp.text
+    raise ServiceError(f"server answered {resp.status_code}: {detail}")

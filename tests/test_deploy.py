@@ -1,0 +1,266 @@
+"""`fhe serve` in a real uvicorn subprocess on a loopback port, called over real HTTP (httpx): round trips
+equal to the clear program for both schemes, every bad request answered 4xx, concurrent clients, and
+keys that survive a restart."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from fhe.deploy import wire
+from fhe.deploy.client import Client, ServiceError
+from fhe.schemes import TfheParams
+from quant.ir import Graph
+
+FHE = str(Path(sys.executable).with_name("fhe"))
+OCTET = {"content-type": "application/octet-stream"}
+
+
+# ------------------------------------------------------------------------------ artifacts
+def _graph(n_in: int = 4, rounding: int = 3) -> Graph:
+    """A small integer program: 4-bit inputs, a clear linear layer, a lookup reading 7 - ``rounding`` bits."""
+    g = Graph()
+    g.add("x", "input", shape=(n_in,))
+    w = np.array([[1, -1, 2], [0, 1, 1], [1, 1, -1], [-1, 0, 1]][:n_in], dtype=np.int64)
+    g.add("lin", "linear", ("x",), weight=w, bias=np.array([1, 0, 2], dtype=np.int64))
+    g.add("y", "lut", ("lin",), fn=lambda t: np.maximum(t, 0) // 2, shape=(3,), rounding_bits=rounding)
+    g.set_output("y")
+    g.calibrate(np.random.default_rng(0).integers(0, 16, size=(200, n_in)))
+    return g
+
+
+def _tfhe_artifact(path: Path, n_in: int = 4, rounding: int = 3) -> Graph:
+    from fhe.backends.tfhe import TfheBackend
+    from fhe.harness import save_artifacts
+
+    g = _graph(n_in, rounding)
+    calib = np.random.default_rng(1).integers(0, 16, size=(100, n_in))
+    meta = {"input_scale": 1.0, "input_zero_point": 0, "input_qmin": 0, "input_qmax": 15, "output_scale": 0.5,
+            "task": "none", "seq_len": 1}
+    backend = TfheBackend.compile(g, calib, TfheParams(inputset_size=100), meta=meta, input_range=(0, 15))
+    backend.keygen()
+    save_artifacts(backend, path, include_secret_key=True)
+    return g
+
+
+@pytest.fixture(scope="module")
+def tfhe_art(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tfhe")
+    graph = _tfhe_artifact(root / "a")
+    _tfhe_artifact(root / "b")  # the same circuit, other keys: a second client
+    _tfhe_artifact(root / "other", n_in=3, rounding=1)  # another circuit, with wider lookups: other parameters
+    return root, graph
+
+
+@pytest.fixture(scope="module")
+def ckks_art(tmp_path_factory):
+    sys.path.insert(0, str(Path(__file__).parent / "fhe"))
+    from ckks_models import tiny
+
+    from fhe.ckks import ApproxConfig
+    from fhe.harness import compile_model
+    from fhe.schemes import CkksParams
+
+    root = tmp_path_factory.mktemp("ckks")
+    cm = compile_model(tiny(attention="geglu-only"), torch.randn(300, 4, 3, dtype=torch.float64),
+                       CkksParams(approx=ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)))
+    cm.keygen()
+    cm.save(root / "a", include_secret_key=True)
+    return root, cm
+
+
+# --------------------------------------------------------------------------------- server
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    def __init__(self, artifact: Path, *extra: str) -> None:
+        self.args = [FHE, "serve", str(artifact), *extra]
+        self.start()
+
+    def start(self) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log")  # noqa: SIM115 - a file, not a pipe that fills
+        self.proc = subprocess.Popen([*self.args, "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"server exited: {self.log.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        raise RuntimeError("server did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def tfhe_server(tfhe_art):
+    served = Served(tfhe_art[0] / "a", "--max-payload-mb", "1")
+    yield served
+    served.stop()
+
+
+# ---------------------------------------------------------------------------------- tests
+def test_tfhe_round_trip_equals_the_clear_program(tfhe_art, tfhe_server):
+    root, graph = tfhe_art
+    client = Client(root / "a" / "client", tfhe_server.url)
+    assert client.describe()["scheme"] == "tfhe"
+    for x in np.random.default_rng(2).integers(0, 16, size=(3, 4)):
+        got = client.predict(x.astype(np.float64))
+        np.testing.assert_array_equal(got.logits, graph.run(x)[0] * 0.5)
+        assert 0 < got.server_s <= got.round_trip_s
+
+
+def test_ckks_round_trip_matches_the_clear_program(ckks_art):
+    root, cm = ckks_art
+    served = Served(root / "a")
+    try:
+        x = torch.randn(8, 4, 3, dtype=torch.float64).numpy()
+        got = Client(root / "a" / "client", served.url).predict(x)
+        clear = cm.clear(x)
+        assert got.logits.shape == clear.shape
+        assert np.max(np.abs(got.logits - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
+        # a context that still holds the secret key is refused: the secret key never leaves the client
+        secret = (root / "a" / "client" / "context.secret").read_bytes()
+        resp = httpx.put(served.url + "/keys", content=secret, headers=OCTET)
+        assert resp.status_code == 400 and "secret key" in resp.json()["detail"]
+    finally:
+        served.stop()
+
+
+def test_bad_requests_get_4xx_with_a_message(tfhe_art, tfhe_server):
+    root, _ = tfhe_art
+    url = tfhe_server.url
+    client = Client(root / "a" / "client", url)
+    key_id = client.upload_keys()
+    good = client.encrypt(np.zeros(4))
+
+    def post(body: bytes, kid: str = key_id, headers=OCTET) -> httpx.Response:
+        return httpx.post(f"{url}/infer/{kid}", content=body, headers=headers, timeout=60)
+
+    cases = {
+        "unknown key id": (post(good, kid="0" * 64), 404, "unknown key id"),
+        "wrong content type": (post(good, headers={"content-type": "application/json"}), 415, "octet-stream"),
+        "truncated payload": (post(good[: len(good) // 2]), 400, "truncated"),
+        "not a payload": (post(b"hello world"), 400, "magic"),
+        "not a ciphertext": (post(wire.pack([b"garbage"])), 400, "not a Concrete ciphertext"),
+        "over the size limit": (post(wire.pack([b"\0" * (2 << 20)])), 413, "limit"),
+    }
+    other = Client(root / "other" / "client", url)
+    cases["ciphertext for another circuit"] = (post(other.encrypt(np.zeros(3))), 400, "does not fit")
+    resp = httpx.put(url + "/keys", content=other.public_keys(), headers=OCTET, timeout=60)
+    cases["keys for another circuit"] = (resp, 400, "another circuit")
+    resp = httpx.put(url + "/keys", content=b"not keys", headers=OCTET)
+    cases["garbage keys"] = (resp, 400, "")
+    for label, (resp, status, words) in cases.items():
+        assert resp.status_code == status, (label, resp.status_code, resp.text)
+        assert words in resp.json()["detail"], (label, resp.text)
+    stale = Client(root / "a" / "client", url)
+    stale.key_id = "f" * 64  # a key id the server never saw
+    with pytest.raises(ServiceError, match="404"):
+        stale.infer(good)
+    np.testing.assert_array_equal(client.decrypt(post(good).content), client.predict(np.zeros(4)).logits)
+
+
+def test_concurrent_clients_with_different_keys(tfhe_art, tfhe_server):
+    root, graph = tfhe_art
+    clients = [Client(root / name / "client", tfhe_server.url) for name in ("a", "b")]
+    assert len({c.upload_keys() for c in clients}) == 2
+    xs = np.random.default_rng(3).integers(0, 16, size=(2, 4)).astype(np.float64)
+    results: dict[int, np.ndarray] = {}
+
+    def ask(i: int) -> None:
+        results[i] = clients[i].predict(xs[i]).logits
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        np.testing.assert_array_equal(results[i], graph.run(xs[i].astype(np.int64))[0] * 0.5)
+
+
+def test_uploaded_keys_survive_a_restart(tfhe_art, tmp_path):
+    root, graph = tfhe_art
+    served = Served(root / "a", "--keys-dir", str(tmp_path / "keys"))
+    try:
+        key_id = Client(root / "a" / "client", served.url).upload_keys()
+        served.stop()
+        served.start()
+        assert httpx.get(f"{served.url}/keys/{key_id}").status_code == 204
+        client = Client(root / "a" / "client", served.url)
+        out, _ = client.infer(client.encrypt(np.full(4, 7.0)))  # no upload: the key id is already known
+        np.testing.assert_array_equal(client.decrypt(out), graph.run(np.full(4, 7))[0] * 0.5)
+    finally:
+        served.stop()
+
+
+def test_serve_refuses_a_folder_holding_a_secret_key(tfhe_art, tmp_path):
+    root, _ = tfhe_art
+    res = subprocess.run([FHE, "serve", str(root / "a" / "client"), "--port", str(_free_port())],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    bad = tmp_path / "server"
+    shutil.copytree(root / "a" / "server", bad)
+    shutil.copy(root / "a" / "client" / "keys.bin", bad / "keys.bin")
+    res = subprocess.run([FHE, "serve", str(bad), "--port", str(_free_port())], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode != 0 and "keys.bin" in res.stderr + res.stdout
+
+
+def test_ray_workers_give_the_single_process_results(tfhe_art, ckks_art):
+    """Two local Ray workers (each loads the artifact and the keys once) answer a batch of TFHE samples
+    and of CKKS SIMD blocks exactly as the in-process run does, in order."""
+    import ray
+
+    from fhe.deploy.batch import run_batch
+
+    root, graph = tfhe_art
+    client = Client(root / "a" / "client")
+    xs = np.random.default_rng(4).integers(0, 16, size=(4, 4)).astype(np.float64)
+    payloads = [client.encrypt(x) for x in xs]
+    ckks_root, cm = ckks_art
+    ckks_client = Client(ckks_root / "a" / "client")
+    blocks = [torch.randn(6, 4, 3, dtype=torch.float64).numpy() for _ in range(3)]
+    try:
+        for art, c, items in ((root / "a", client, payloads),
+                              (ckks_root / "a", ckks_client, [ckks_client.encrypt(b) for b in blocks])):
+            local = run_batch(art / "server", c.public_keys(), items)
+            spread = run_batch(art / "server", c.public_keys(), items, workers=2)
+            assert local.workers == 0 and spread.workers == 2 and len(spread.per_worker_setup_s) == 2
+            got_local = [c.decrypt(o) for o in local.outputs]
+            got_spread = [c.decrypt(o) for o in spread.outputs]
+            if c.scheme == "tfhe":
+                for x, a, b in zip(xs, got_local, got_spread, strict=True):
+                    np.testing.assert_array_equal(a, b)
+                    np.testing.assert_array_equal(a, graph.run(x.astype(np.int64))[0] * 0.5)
+            else:
+                for block, a, b in zip(blocks, got_local, got_spread, strict=True):
+                    clear = cm.clear(block)
+                    assert np.max(np.abs(a - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
+                    assert np.max(np.abs(b - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
+    finally:
+        ray.shutdown()
