@@ -628,14 +628,15 @@ def compare(model_path, scheme, n_samples, mode, json_path, workers, ray_address
     if not accepted.any():
         raise click.ClickException(f"all {len(accepted)} samples would overflow a calibrated width; compile with "
                                    "--ranges proven or calibrate on data like them (--calib)")
-    fhe_out, latencies = [], []
     if mode == "execute" and (workers or ray_address):
         fhe_out, latencies = _execute_on_ray(compiled, x_int[accepted], workers, ray_address)
-    for xi in tqdm(x_int[accepted] if not fhe_out else [], desc=mode, unit="sample"):
-        start = time.perf_counter()
+    else:
+        fhe_out, latencies = [], []
         backend = compiled.backend
-        fhe_out.append(backend.simulate(xi) if mode == "simulate" else backend.encrypt_run_decrypt(xi))
-        latencies.append(time.perf_counter() - start)
+        for xi in tqdm(x_int[accepted], desc=mode, unit="sample"):
+            start = time.perf_counter()
+            fhe_out.append(backend.simulate(xi) if mode == "simulate" else backend.encrypt_run_decrypt(xi))
+            latencies.append(time.perf_counter() - start)
     fhe_out, clear, flt, y = np.stack(fhe_out), clear[accepted], flt[accepted], y[accepted]
     pred = {"float": flt.argmax(-1), "clear": clear.argmax(-1), mode: fhe_out.argmax(-1)}
     result = {
