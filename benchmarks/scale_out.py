@@ -94,7 +94,7 @@ def batch_rows(art: Path, payloads: list[bytes], client, scheme: str, samples: i
 
 
 def serving_row(art: Path, make_input, scheme: str, repeats: int) -> dict:
-    from fhe.deploy.batch import _Worker
+    from fhe.deploy.batch import Worker
     from fhe.deploy.client import Client
 
     with socket.socket() as s:
@@ -113,7 +113,7 @@ def serving_row(art: Path, make_input, scheme: str, repeats: int) -> dict:
         upload_start = time.perf_counter()
         client.upload_keys()
         upload_s = time.perf_counter() - upload_start
-        worker = _Worker(str(art / "server"), client.public_keys())
+        worker = Worker(str(art / "server"), client.public_keys())
         first_start = time.perf_counter()
         client.predict(make_input(0))  # the first request (keys already in the server's memory after upload)
         first_s = time.perf_counter() - first_start

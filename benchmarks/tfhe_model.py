@@ -32,7 +32,7 @@ from benchmarks._results import RESULTS, command_line, write_results  # noqa: E4
 from quant.config import DEFAULT_CALIB_SAMPLES  # noqa: E402
 
 RECIPES = {  # model size, tokenisation and training per task
-    "digits": dict(patch=4, d_model=16, n_heads=2, epochs=60, qat_epochs=100, batch_size=64),
+    "digits": dict(patch=4, d_model=16, n_heads=1, epochs=60, qat_epochs=100, batch_size=64),
     "mnist": dict(patch=7, d_model=16, n_heads=2, epochs=8, qat_epochs=3, batch_size=128),
 }
 
@@ -51,7 +51,8 @@ def train_models(task: str, kinds: list[str], seeds: int, workdir: Path) -> dict
     for kind in kinds:
         rows = []
         for seed in range(seeds):
-            cfg = config_for_task(data, attention=kind, d_model=r["d_model"], n_heads=r["n_heads"], norm="batchnorm")
+            cfg = config_for_task(data, attention=kind, d_model=r["d_model"], n_heads=r["n_heads"], d_ff=r.get("d_ff"),
+                                  norm="batchnorm")
             start = time.perf_counter()
             res = train(cfg, data, TrainConfig(epochs=r["epochs"], batch_size=r["batch_size"], lr=3e-3, seed=seed),
                         progress=False)
@@ -85,7 +86,8 @@ def measure(spec: dict) -> dict:
     params = TfheParams(n_bits=quant.n_bits, exact_rounding=spec.get("exact_rounding", True),
                         global_p_error=spec.get("global_p_error", 1e-5),
                         loop_parallelize=spec.get("loop_parallelize", True),
-                        dataflow_parallelize=spec.get("dataflow_parallelize", False))
+                        dataflow_parallelize=spec.get("dataflow_parallelize", False),
+                        compress_keys=spec.get("compress_keys", True))
     load_before = os.getloadavg()[0]
     compiled = compile_model(ckpt.model, data.x_train[:DEFAULT_CALIB_SAMPLES], params, quant)
     circuit = compiled.backend.circuit
@@ -109,6 +111,7 @@ def measure(spec: dict) -> dict:
         start = time.perf_counter()
         compiled.keygen()
         result["keygen_s"] = time.perf_counter() - start
+        result["key_upload_mib"] = compiled.backend.meta["evaluation_keys_bytes"] / 2**20
         lat, equal, correct = [], [], []
         for i in range(n_exec):
             ct = compiled.backend.encrypt(x_int[i])
@@ -143,21 +146,24 @@ def _pct(v) -> str:
 def report(task: str, accuracy: dict, main_rows: dict, variants: list[tuple[str, dict]]) -> list[str]:
     lines = [f"# Whole models under TFHE: {task}", "", f"`{command_line()}`", "",
              f"Recipe: {RECIPES[task]}; BatchNorm folded at export; `fhe train --qat-bits 6` (QAT through the "
-             "integer program, 6-bit activations, 4-bit Q/K/V, inputs and weights, lookups rounded to <= 5 bits, "
-             "exact rounding, global p_error 1e-5). Machine: 2 cores, shared; load averages are listed with each "
-             "measurement.", "", "## Accuracy (test split; the integer program is the QAT model's own forward)", "",
+             f"integer program, the TFHE defaults: {_quant_text()}, exact rounding, global p_error 1e-5, seeded "
+             "evaluation keys). Machine: 2 cores, shared; load averages are listed with each measurement. Keys: "
+             "'in memory' is what the server holds (Concrete's key sizes), 'uploaded' what the client serialises, "
+             "stores and sends.", "",
+             "## Accuracy (test split; the integer program is the QAT model's own forward)", "",
              "| kind | float | PTQ program | QAT program | seeds |", "|---|---|---|---|---|"]
     for kind, rows in accuracy.items():
         f, p, q = (np.array([r[k] for r in rows]) for k in ("float", "ptq", "qat_program"))
         lines.append(f"| {kind} | {100 * f.mean():.2f} ± {100 * f.std():.2f} | {100 * p.mean():.2f} ± "
                      f"{100 * p.std():.2f} | {100 * q.mean():.2f} ± {100 * q.std():.2f} | {len(rows)} |")
     lines += ["", "## Encrypted (seed-0 model of each kind)", "",
-              "| kind | PBS | max lookup input bits | max width | eval. keys (MiB) | keygen (s) | latency (s, median) "
-              "| est. latency (s) | encrypted == clear | clear acc. | simulated acc. | sim == clear | peak RSS (GiB) "
-              "| load before/after |", "|" + "---|" * 14]
+              "| kind | PBS | max lookup input bits | max width | eval. keys in memory (MiB) | keys uploaded (MiB) "
+              "| keygen (s) | latency (s, median) | est. latency (s) | encrypted == clear | clear acc. "
+              "| simulated acc. | sim == clear | peak RSS (GiB) | load before/after |", "|" + "---|" * 15]
     for kind, m in main_rows.items():
         lines.append(
             f"| {kind} | {m['pbs']} | {m['max_lookup_input_bits']} | {m['max_bit_width']} | {m['key_mib']:.0f} | "
+            f"{m.get('key_upload_mib', float('nan')):.0f} | "
             f"{m.get('keygen_s', 0):.1f} | {m.get('latency_median_s', float('nan')):.1f} | "
             f"{m['estimated_latency_s']:.1f} | {sum(m.get('encrypted_equals_clear', []))}/"
             f"{len(m.get('encrypted_equals_clear', []))} | {_pct(m['clear_accuracy'])} | {_pct(m.get('sim_accuracy'))} "
@@ -178,19 +184,29 @@ def report(task: str, accuracy: dict, main_rows: dict, variants: list[tuple[str,
                          f"{params} | {100 * r['est_time_share']:.1f}% |")
     if variants:
         lines += ["", "## Variants (first kind's model)", "",
-                  "| variant | PBS | eval. keys (MiB) | latency (s) | est. latency (s) | simulated acc. | sim == clear "
-                  "| sim argmax == clear | encrypted == clear | load before/after |", "|" + "---|" * 10]
+                  "| variant | PBS | eval. keys in memory / uploaded (MiB) | latency (s) | est. latency (s) "
+                  "| simulated acc. | sim == clear | sim argmax == clear | encrypted == clear | load before/after |",
+                  "|" + "---|" * 10]
         for label, m in variants:
             eq = m.get("encrypted_equals_clear", [])
             lines.append(
-                f"| {label} | {m['pbs']} | {m['key_mib']:.0f} | {m.get('latency_median_s', float('nan')):.1f} | "
+                f"| {label} | {m['pbs']} | {m['key_mib']:.0f} / {m.get('key_upload_mib', float('nan')):.0f} | "
+                f"{m.get('latency_median_s', float('nan')):.1f} | "
                 f"{m['estimated_latency_s']:.1f} | {_pct(m.get('sim_accuracy'))} | {_pct(m.get('sim_exact_match'))} | "
                 f"{_pct(m.get('sim_argmax_agreement'))} | {sum(eq)}/{len(eq)} | {m['load_avg_1min_before']:.1f}/"
                 f"{m['load_avg_1min_after']:.1f} |")
     return lines
 
 
+def _quant_text() -> str:
+    from fhe.tfhe_recipe import DEFAULT_QUANT as q
+
+    return (f"{q.n_bits}-bit activations, {q.attention_bits}-bit Q/K/V, {q.weight_bits}-bit weights, "
+            f"{q.input_bits}-bit inputs, lookups rounded to <= {q.lut_bits} bits")
+
+
 VARIANTS = [
+    ("uncompressed keys", {"compress_keys": False}),
     ("approximate rounding", {"exact_rounding": False}),
     ("global p_error 1e-3", {"global_p_error": 1e-3}),
     ("no loop parallelism (1 thread of work)", {"loop_parallelize": False}),

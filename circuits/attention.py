@@ -17,9 +17,12 @@ import torch
 from torch import nn
 
 from quant.config import QuantConfig
-from quant.export import exp_scores, lower_dct, lower_geglu, lower_inhibitor, lower_normalized, power_scores
 from quant.ir import Graph
 from quant.lowering import Lowering, QValue
+from quant.mixers.dct import lower_dct
+from quant.mixers.geglu import lower_geglu
+from quant.mixers.inhibitor import lower_inhibitor
+from quant.mixers.softmax import exp_scores, lower_normalized, power_scores
 from quant.quantizer import Quantizer
 
 
@@ -101,12 +104,11 @@ def build(spec: CircuitSpec, n_calib: int = 64) -> BuiltCircuit:
         return low.reshape(part, (1, T, d), f"c.{label}.h")
 
     q, k, v = head(0, "q"), head(1, "k"), head(2, "v")
-    low.quantizers["c.v.out"] = grid
     variant = spec.variant
     unit = None
     if variant in (Variant.INHIBITOR, Variant.SIGNED_INHIBITOR):
         params = _InhibitorParams(d, spec.alpha, variant is Variant.SIGNED_INHIBITOR)
-        out = lower_inhibitor(low, params, q, k, v, "c.attn")
+        out = lower_inhibitor(low, params, q, k, v, grid, "c.attn")
     elif variant is Variant.DOT_PRODUCT:
         out = lower_normalized(low, q, k, v, "c.attn", exp_scores())
     elif variant is Variant.POWER_SOFTMAX:

@@ -29,6 +29,8 @@ def main() -> None:
 @click.option("--layers", type=int, default=None, help="Number of blocks (task preset if omitted).")
 @click.option("--d-model", type=int, default=None, help="Embedding width (task preset if omitted).")
 @click.option("--heads", type=int, default=None, help="Attention heads (task preset if omitted).")
+@click.option("--d-ff", type=click.IntRange(min=1), default=None,
+              help="FFN hidden width (default 2 x --d-model). Under TFHE each hidden unit costs one lookup per token.")
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Training epochs (task preset if omitted).")
 @click.option("--batch-size", type=int, default=None)
 @click.option("--lr", type=float, default=None)
@@ -70,14 +72,14 @@ def main() -> None:
               help="QAT fine-tuning epochs (default: --epochs).")
 @click.option("--qat-method", type=click.Choice(["program", "brevitas"]), default="program", show_default=True,
               help="program: through the exported integer program; brevitas: quantized linear layers only.")
-@click.option("--qat-attention-bits", type=int, default=None, help="QAT: Q/K/V bits (TFHE default 4).")
+@click.option("--qat-attention-bits", type=int, default=None, help="QAT: Q/K/V bits (TFHE default 3).")
 @click.option("--qat-lut-bits", type=int, default=None, help="QAT: lookup input bits (TFHE default 5).")
 @click.option("--qat-lr", type=float, default=2e-3, show_default=True, help="QAT learning rate.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=Path("model.pt"), show_default=True)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Also write the training summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed, norm, ffn_activation, seq_len,
+def train(task, attention, layers, d_model, heads, d_ff, epochs, batch_size, lr, seed, norm, ffn_activation, seq_len,
           data_dir, limit, patch, range_loss, act_range_loss, range_threshold, act_range_threshold, init_path,
           power_eps, power_form, qat_bits, qat_epochs, qat_method, qat_attention_bits, qat_lut_bits, qat_lr, output,
           json_path, quiet) -> None:
@@ -99,7 +101,7 @@ def train(task, attention, layers, d_model, heads, epochs, batch_size, lr, seed,
     try:
         model_config = config_for_task(
             data, attention=attention, d_model=d_model or preset.d_model, n_heads=heads or preset.n_heads,
-            n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation, **power_options)
+            d_ff=d_ff, n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation, **power_options)
         train_config = TrainConfig(epochs=preset.epochs if epochs is None else epochs,
                                    batch_size=batch_size or preset.batch_size, lr=lr or preset.lr, seed=seed,
                                    range_loss_weight=range_loss, act_range_loss_weight=act_range_loss,
@@ -298,7 +300,8 @@ def _compile(model_path, opts: dict, simulate_only: bool = False):
         qconfig = resolve_quant(ckpt.extra.get("quant"), **{k: opts[k] for k in TFHE_QUANT_OPTIONS})
         params = TfheParams(n_bits=qconfig.n_bits, rounding_bits=qconfig.rounding_bits, p_error=opts["p_error"],
                             global_p_error=opts["global_p_error"], inputset_size=opts["inputset"],
-                            exact_rounding=opts["rounding"] == "exact", ranges=opts["ranges"])
+                            exact_rounding=opts["rounding"] == "exact", ranges=opts["ranges"],
+                            compress_keys=opts["compress_keys"])
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
@@ -336,10 +339,10 @@ def fhe_options(fn):
         click.option("--scheme", type=click.Choice(SCHEMES), default="tfhe", show_default=True),
         click.option("--n-bits", type=int, default=None,
                      help="TFHE activation bits (default: what the model was trained for with --qat-bits, else 6)."),
-        click.option("--weight-bits", type=int, default=None, help="TFHE weight bits (default 5)."),
+        click.option("--weight-bits", type=int, default=None, help="TFHE weight bits (default 4)."),
         click.option("--input-bits", type=int, default=None, help="TFHE input bits (default 4)."),
         click.option("--attention-bits", type=int, default=None,
-                     help="TFHE bits of Q, K and V, which set the width of every attention lookup (default 4)."),
+                     help="TFHE bits of Q, K and V, which set the width of every attention lookup (default 3)."),
         click.option("--rounding-bits", type=int, default=None, help="LSBs every table lookup rounds away first."),
         click.option("--lut-bits", type=int, default=None,
                      help="Round each lookup's input down to at most this many bits (default 5; 0: off)."),
@@ -351,6 +354,9 @@ def fhe_options(fn):
         click.option("--ranges", type=click.Choice(["calibrated", "proven"]), default="calibrated", show_default=True,
                      help="TFHE: bit widths from the calibration set (inputs that would overflow one are refused "
                      "by the client), or proven by interval arithmetic for every accepted input (wider, slower)."),
+        click.option("--compress-keys/--no-compress-keys", default=True, show_default=True,
+                     help="TFHE: seeded evaluation keys (~4-5x fewer bytes to store and upload; the server "
+                     "expands them on load, same memory and speed there)."),
         click.option("--p-error", type=float, default=None, help="Per-PBS error probability."),
         click.option("--global-p-error", type=float, default=1e-5, show_default=True),
         click.option("--calib", "n_calib", type=int, default=None,
@@ -603,11 +609,9 @@ def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
 def compare(model_path, scheme, n_samples, mode, json_path, workers, ray_address, **opts) -> None:
     """Float vs clear-integer vs simulated/encrypted accuracy and agreement on N test samples
     (CKKS: float vs clear polynomial program vs encrypted, with output MSE)."""
-    import time
-
     from tqdm import tqdm
 
-    from models.training import predict
+    from fhe.compare import NothingToCompareError, compare_tfhe
 
     if scheme == "ckks":
         _compare_ckks(model_path, *(opts[k] for k in CKKS_OPTIONS), n_samples, mode, json_path)
@@ -615,41 +619,17 @@ def compare(model_path, scheme, n_samples, mode, json_path, workers, ray_address
     _, data, compiled = _compile(model_path, opts, simulate_only=mode == "simulate")
     if mode == "execute":
         _keygen_checked(compiled)
-    x, y = data.x_test[:n_samples], data.y_test[:n_samples].numpy()
-    flt = predict(compiled.program.model, x).numpy()
-    x_int = compiled.program.quantize_input(x)
-    # one clear run per sample: the reference outputs, and which samples left a calibrated width (a value
-    # the clear run saturates but the encrypted circuit wraps around)
-    runs = [compiled.program.run_int(xi[None], "clip") for xi in x_int]
-    clear = np.concatenate([out for out, _ in runs])
-    # the client's overflow policy (fhe.harness.CompiledModel): samples that would leave a calibrated width
-    # are refused, not run, and counted; every metric below is over the accepted samples
-    accepted = np.array([not clipped for _, clipped in runs])
-    if not accepted.any():
-        raise click.ClickException(f"all {len(accepted)} samples would overflow a calibrated width; compile with "
-                                   "--ranges proven or calibrate on data like them (--calib)")
-    if mode == "execute" and (workers or ray_address):
-        fhe_out, latencies = _execute_on_ray(compiled, x_int[accepted], workers, ray_address)
-    else:
-        fhe_out, latencies = [], []
-        backend = compiled.backend
-        for xi in tqdm(x_int[accepted], desc=mode, unit="sample"):
-            start = time.perf_counter()
-            fhe_out.append(backend.simulate(xi) if mode == "simulate" else backend.encrypt_run_decrypt(xi))
-            latencies.append(time.perf_counter() - start)
-    fhe_out, clear, flt, y = np.stack(fhe_out), clear[accepted], flt[accepted], y[accepted]
-    pred = {"float": flt.argmax(-1), "clear": clear.argmax(-1), mode: fhe_out.argmax(-1)}
-    result = {
-        "n": int(len(y)), "mode": mode, "n_bits": compiled.program.config.n_bits,
-        "accuracy": {k: float((v == y).mean()) for k, v in pred.items()},
-        "agreement": {f"{mode}_vs_clear": float((pred[mode] == pred["clear"]).mean()),
-                      f"{mode}_vs_float": float((pred[mode] == pred["float"]).mean()),
-                      "clear_vs_float": float((pred["clear"] == pred["float"]).mean())},
-        "exact_integer_match": float((fhe_out == clear).all(axis=-1).mean()),
-        "refused_overflow": int((~accepted).sum()),
-        "latency_s": {"median": float(np.median(latencies)), "mean": float(np.mean(latencies))},
-        "pbs_count": compiled.report()["pbs_count"],
-    }
+    where = f"{workers or 'cluster'} Ray workers" if mode == "execute" and (workers or ray_address) else "this process"
+    with tqdm(desc=f"{mode} ({where})", unit="sample") as bar:
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        try:
+            result = compare_tfhe(compiled, data.x_test[:n_samples], data.y_test[:n_samples].numpy(), mode, workers,
+                                  ray_address, progress=progress, on_message=click.echo)
+        except NothingToCompareError as exc:
+            raise click.ClickException(str(exc)) from exc
     for k, v in result.items():
         click.echo(f"{k:>20}: {v}")
     if result["refused_overflow"]:
@@ -658,31 +638,6 @@ def compare(model_path, scheme, n_samples, mode, json_path, workers, ray_address
                    "leave them out. Compile with --ranges proven, or calibrate on data like them (--calib).", err=True)
     if json_path:
         json_path.write_text(json.dumps(result, indent=2))
-
-
-def _execute_on_ray(compiled, x_int: np.ndarray, workers: int, address: str | None):
-    """Encrypted outputs of ``x_int`` computed by Ray workers from a temporary server artifact; the
-    per-sample latency reported is the batch's wall time over its size (throughput, not latency)."""
-    import tempfile
-
-    from tqdm import tqdm
-
-    from fhe.deploy import wire
-    from fhe.deploy.batch import run_batch
-
-    circuit = compiled.backend.circuit
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = compiled.save(tmp)
-        payloads = [wire.pack([circuit.encrypt(xi).serialize()]) for xi in x_int]
-        bar = tqdm(total=len(payloads), desc=f"execute on {workers or 'cluster'} Ray workers", unit="sample")
-        result = run_batch(paths["server"], circuit.client.evaluation_keys.serialize(), payloads, workers, address,
-                           progress=lambda done: bar.update(done - bar.n))
-        bar.close()
-    from concrete import fhe as cfhe
-
-    outs = [np.asarray(circuit.decrypt(cfhe.Value.deserialize(wire.unpack(o)[0]))) for o in result.outputs]
-    click.echo(f"Ray: {result.workers} workers, setup {result.setup_s:.1f} s, {result.throughput:.3f} samples/s")
-    return outs, [result.run_s / len(outs)] * len(outs)
 
 
 @main.command()

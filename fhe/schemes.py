@@ -14,11 +14,6 @@ class Scheme(str, Enum):
     CKKS = "ckks"
 
 
-class FheMode(str, Enum):
-    SIMULATE = "simulate"  # Concrete's simulation: the same circuit with modelled noise, no encryption
-    EXECUTE = "execute"  # real keys, real ciphertexts
-
-
 RANGES = ("calibrated", "proven")
 
 
@@ -37,6 +32,10 @@ class TfheParams:
     would wrap around, so the client refuses such inputs (:class:`fhe.harness.InputOverflowError`).
     ``proven``: from interval arithmetic over every input the client accepts (quant/ranges.py): no
     value can overflow, at the cost of wider values (measured in benchmarks/results/overflow.md).
+
+    ``compress_keys``: Concrete's seeded evaluation keys. The client serialises (and uploads) each key's
+    random masks as a seed, about 4-5x fewer bytes; the server expands them when it loads the keys, so
+    its memory and the run time are unchanged (benchmarks/results/tfhe_model.md).
     """
 
     n_bits: int = 6
@@ -48,6 +47,7 @@ class TfheParams:
     inputset_size: int = 500
     exact_rounding: bool = True
     ranges: str = "calibrated"
+    compress_keys: bool = True
 
     def __post_init__(self) -> None:
         if self.ranges not in RANGES:

@@ -1,13 +1,14 @@
 """TFHE defaults, the per-stage cost table, and the pre-flight check before keygen.
 
 The default quantization keeps every programmable bootstrap (PBS) small (benchmarks/results/tfhe_model.md):
-activations at 6 bits, Q/K/V (which set the width of every T²-sized attention lookup) at 4 bits,
-weights and inputs at 4 bits (weights widen the accumulators, and each accumulator bit above the lookup
-width costs one small rounding PBS: 4-bit weights cut the digits model from 40.6 s to ~27 s and its keys
-under 1 GB at no measurable accuracy cost over 3-5 QAT seeds), every lookup input rounded to at most
-5 bits (a 6-bit lookup anywhere adds a parameter set: keys over 1.4 GB), percentile ranges. A model
-trained with ``fhe train --qat-bits`` records the configuration it was trained for, and compiling it
-uses that record unless an option overrides it.
+activations at 6 bits; Q/K/V at 3 bits, so every T²-sized attention lookup reads 4 bits and Concrete puts
+those lookups (half of the digits model's large PBS) on a cheaper parameter set (N = 2048 instead of
+4096: the digits model from ~32 s to ~21 s per sample); weights and inputs at 4 bits (weights widen the
+accumulators, and each accumulator bit above the lookup width costs one small rounding PBS); every lookup
+input rounded to at most 5 bits (a 6-bit lookup anywhere adds a parameter set with N = 8192: keys over
+1.4 GB); percentile ranges. Accuracy of each choice over 5 QAT seeds is in the README. A model trained
+with ``fhe train --qat-bits`` records the configuration it was trained for, and compiling it uses that
+record unless an option overrides it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from fhe.errors import FheError
 from quant import QuantConfig
 from quant.ir import value_bits
 
-DEFAULT_QUANT = QuantConfig(n_bits=6, weight_bits=4, input_bits=4, attention_bits=4, lut_bits=5,
+DEFAULT_QUANT = QuantConfig(n_bits=6, weight_bits=4, input_bits=4, attention_bits=3, lut_bits=5,
                             range_mode="percentile")
 
 # Seconds of encrypted run per unit of Concrete's circuit complexity, measured on this project's 2-core

@@ -94,6 +94,11 @@ class TransformerConfig:
         return self.d_model // self.n_heads
 
     @property
+    def has_ffn(self) -> bool:
+        """Whether each block has an FFN after its mixer (GEGLU-only blocks have none)."""
+        return self.attention is not AttentionKind.GEGLU_ONLY
+
+    @property
     def ffn_dim(self) -> int:
         return self.d_ff if self.d_ff is not None else 2 * self.d_model
 

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from models.attention import build_attention
-from models.config import AttentionKind, InputKind, TransformerConfig
+from models.config import InputKind, TransformerConfig
 from models.layers import FeedForward, make_norm
 
 
@@ -17,7 +17,7 @@ class Block(nn.Module):
         super().__init__()
         self.norm1 = make_norm(config)
         self.mixer = build_attention(config)
-        self.has_ffn = config.attention is not AttentionKind.GEGLU_ONLY
+        self.has_ffn = config.has_ffn
         if self.has_ffn:
             self.norm2 = make_norm(config)
             self.ffn = FeedForward(config)

@@ -5,39 +5,24 @@ signed bit width. The TFHE backend lowers this same graph to concrete-python; no
 an FHE library. Shapes exclude the batch axis; the interpreter accepts any leading batch axes, so all
 axis arguments are negative.
 
-Ops (``Node.op``), and what each costs under TFHE:
-
-===============  ===========================================  =====================================
-op               semantics                                    TFHE cost
-===============  ===========================================  =====================================
-input            the client's quantized integers              encryption
-linear           x @ W + b   (clear integer W, b)             leveled (no PBS)
-matmul_left      W @ x along the sequence axis (clear W)      leveled
-add_const        x + c       (clear integer c, broadcast)     leveled
-mul_const        x * c       (clear integer c)                leveled
-add / sub        x ± y       (encrypted, same scale)          leveled
-sum              Σ over ``axis``                              leveled
-lut              fn(round(x))  univariate table lookup        1 PBS per element
-mul              x * y       elementwise, both encrypted      2 PBS per element
-matmul           x @ y       both encrypted                   2 PBS per product
-reshape / transpose / expand_dims / slice / concat            free
-===============  ===========================================  =====================================
-
-A ``lut`` node may carry ``rounding_bits`` r: its input is first rounded to a multiple of 2^r
-(concrete's ``round_bit_pattern``, ties away from zero upwards), so the table lookup runs on fewer
-bits; the interpreter applies exactly the same rounding.
+Ops (``Node.op``): registered specs in :mod:`quant.ops` (semantics, TFHE cost, layout or not), where
+:func:`quant.ops.ops_table` renders them; the interpreter below reads them. A ``lut`` node may carry
+``rounding_bits`` r: its input is first rounded to a multiple of 2^r (concrete's ``round_bit_pattern``,
+ties away from zero upwards), so the table lookup runs on fewer bits; the interpreter applies exactly
+the same rounding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
+from quant.ops import free_ops, op_spec, round_bit_pattern  # noqa: F401 - round_bit_pattern is re-exported
+
 LUT_BIT_LIMIT = 16  # concrete-python's table lookups take at most 16-bit inputs
-FREE_OPS = ("reshape", "transpose", "expand_dims", "slice", "concat")  # layout only: no arithmetic
+FREE_OPS = free_ops()  # layout only: no arithmetic
 
 
 class OverflowPolicy(str, Enum):
@@ -75,14 +60,6 @@ def rounded_bits(lo: int, hi: int, lsbs: int) -> int:
     return value_bits(int(round_bit_pattern(np.array(lo), lsbs)), int(round_bit_pattern(np.array(hi), lsbs)))
 
 
-def round_bit_pattern(x: np.ndarray, lsbs: int) -> np.ndarray:
-    """Round to the nearest multiple of 2^lsbs, ties upwards (concrete's ``round_bit_pattern``)."""
-    if lsbs <= 0:
-        return x
-    step = 1 << lsbs
-    return ((x + (step >> 1)) >> lsbs) << lsbs
-
-
 @dataclass
 class Node:
     name: str
@@ -99,7 +76,7 @@ class Node:
 
     @property
     def is_pbs(self) -> bool:
-        return self.op in ("lut", "mul", "matmul")
+        return self.op != "input" and op_spec(self.op).bootstraps
 
     def lut_input_bits(self, graph: Graph) -> int | None:
         """Bit width of the table-lookup input after rounding (LUT nodes only)."""
@@ -215,17 +192,9 @@ class Graph:
         return max((n.lut_input_bits(self) or 0) for n in self.nodes.values())
 
     def pbs_estimate(self) -> int:
-        """Programmable bootstraps the program needs: 1 per LUT element (2 when its input is rounded
-        first: exact rounding costs one more), 2 per encrypted product."""
-        total = 0
-        for node in self.nodes.values():
-            if node.op == "lut":
-                total += int(np.prod(node.attrs["shape"])) * (2 if node.attrs.get("rounding_bits", 0) else 1)
-            elif node.op == "mul":
-                total += 2 * int(np.prod(node.attrs["shape"]))
-            elif node.op == "matmul":
-                total += 2 * int(np.prod(node.attrs["shape"])) * node.attrs["inner"]
-        return total
+        """Programmable bootstraps the program needs, from each op's spec (quant.ops): 1 per LUT element
+        (2 when its input is rounded first: exact rounding costs one more), 2 per encrypted product."""
+        return sum(op_spec(n.op).pbs_count(n.attrs) for n in self.nodes.values() if n.op != "input")
 
     def check_fits(self, limit: int = LUT_BIT_LIMIT) -> None:
         """Raises BitWidthError naming the first table lookup whose input exceeds ``limit`` bits."""
@@ -239,42 +208,7 @@ class Graph:
                     f"(--n-bits), or round before the lookup (--rounding-bits {bits - limit} or more).")
 
 
-# Ops whose numpy spelling is the same on arrays and on Concrete tracers: the interpreter below and
-# the TFHE lowering (fhe/backends/tfhe.py) both dispatch through this table.
-SHARED_OPS: dict[str, Callable[[dict, list], object]] = {
-    "linear": lambda a, args: args[0] @ a["weight"] + a["bias"],
-    "matmul_left": lambda a, args: np.matmul(a["weight"], args[0]),
-    "add_const": lambda a, args: args[0] + a["value"],
-    "mul_const": lambda a, args: args[0] * a["value"],
-    "add": lambda a, args: args[0] + args[1],
-    "sub": lambda a, args: args[0] - args[1],
-    "neg": lambda a, args: -args[0],
-    "sum": lambda a, args: np.sum(args[0], axis=a["axis"], keepdims=a.get("keepdims", False)),
-    "expand_dims": lambda a, args: np.expand_dims(args[0], a["axis"]),
-    "concat": lambda a, args: np.concatenate(tuple(args), axis=a["axis"]),
-}
-
-
 def _evaluate(node: Node, args: list[np.ndarray], x: np.ndarray) -> np.ndarray:
-    a = node.attrs
-    op = node.op
-    if op in SHARED_OPS:
-        return SHARED_OPS[op](a, args)
-    if op == "input":
+    if node.op == "input":
         return np.asarray(x, dtype=np.int64)
-    if op == "lut":
-        fn: Callable[[np.ndarray], np.ndarray] = a["fn"]
-        return np.asarray(fn(round_bit_pattern(args[0], a.get("rounding_bits", 0))), dtype=np.int64)
-    if op == "mul":
-        return args[0] * args[1]
-    if op == "matmul":
-        return np.matmul(args[0], args[1])
-    # layout ops: the interpreter carries leading batch axes, so shapes and axes are offset by them
-    if op == "reshape":
-        return args[0].reshape(args[0].shape[: args[0].ndim - len(a["from_shape"])] + tuple(a["shape"]))
-    if op == "transpose":
-        lead = args[0].ndim - len(a["axes"])
-        return np.transpose(args[0], tuple(range(lead)) + tuple(lead + i for i in a["axes"]))
-    if op == "slice":
-        return args[0][(Ellipsis, *a["index"])]
-    raise ValueError(f"unknown op {op!r} in node {node.name!r}")
+    return op_spec(node.op).evaluate(node.attrs, args)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quant.ir import FREE_OPS, Graph, Node, round_bit_pattern, value_bits
+from quant.ops import op_spec
 
 TABLE_LIMIT = 1 << 18  # table entries evaluated per lookup node (inputs wider than this are bounded coarsely)
 
@@ -79,43 +80,62 @@ def overflow_risks(graph: Graph, input_lo: int, input_hi: int) -> list[dict]:
 
 # ------------------------------------------------------------------------------------ per op
 def _bound(node: Node, args: list[Interval]) -> Interval:
-    a, op = node.attrs, node.op
-    if op in ("linear", "matmul_left"):
-        w = np.asarray(a["weight"], dtype=np.int64)
-        pos, neg = np.maximum(w, 0), np.minimum(w, 0)
-        x = args[0]
-        if op == "linear":
-            lo, hi = x.lo @ pos + x.hi @ neg, x.hi @ pos + x.lo @ neg
-            b = np.asarray(a["bias"], dtype=np.int64)
-            return Interval(lo + b, hi + b)
-        return Interval(np.matmul(pos, x.lo) + np.matmul(neg, x.hi), np.matmul(pos, x.hi) + np.matmul(neg, x.lo))
-    if op == "add_const":
-        c = np.asarray(a["value"], dtype=np.int64)
-        return Interval(args[0].lo + c, args[0].hi + c)
-    if op == "mul_const":
-        return _product_bounds(args[0], _point(a["value"]))
-    if op == "add":
-        return Interval(args[0].lo + args[1].lo, args[0].hi + args[1].hi)
-    if op == "sub":
-        return Interval(args[0].lo - args[1].hi, args[0].hi - args[1].lo)
-    if op == "neg":
-        return Interval(-args[0].hi, -args[0].lo)
-    if op == "sum":
-        keep = a.get("keepdims", False)
-        return Interval(np.sum(args[0].lo, axis=a["axis"], keepdims=keep),
-                        np.sum(args[0].hi, axis=a["axis"], keepdims=keep))
-    if op == "mul":
-        return _product_bounds(args[0], args[1])
-    if op == "matmul":
-        x, y = args
-        terms = _product_bounds(Interval(x.lo[..., :, :, None], x.hi[..., :, :, None]),
-                                Interval(y.lo[..., None, :, :], y.hi[..., None, :, :]))
-        return Interval(terms.lo.sum(axis=-2), terms.hi.sum(axis=-2))
-    if op == "lut":
-        return _table_bounds(node, args[0])
-    if op in FREE_OPS or op == "expand_dims":
-        return Interval(*(_layout(node, [getattr(x, side) for x in args]) for side in ("lo", "hi")))
-    raise ValueError(f"no interval rule for op {op!r} (node {node.name!r})")
+    if node.op not in INTERVAL_RULES:
+        raise ValueError(f"no interval rule registered for op {node.op!r} (node {node.name!r})")
+    return INTERVAL_RULES[node.op](node.attrs, args, node)
+
+
+def _weights(a: dict) -> tuple[np.ndarray, np.ndarray]:
+    w = np.asarray(a["weight"], dtype=np.int64)
+    return np.maximum(w, 0), np.minimum(w, 0)
+
+
+def _linear(a: dict, args: list[Interval], node: Node) -> Interval:
+    (pos, neg), x = _weights(a), args[0]
+    b = np.asarray(a["bias"], dtype=np.int64)
+    return Interval(x.lo @ pos + x.hi @ neg + b, x.hi @ pos + x.lo @ neg + b)
+
+
+def _matmul_left(a: dict, args: list[Interval], node: Node) -> Interval:
+    (pos, neg), x = _weights(a), args[0]
+    return Interval(np.matmul(pos, x.lo) + np.matmul(neg, x.hi), np.matmul(pos, x.hi) + np.matmul(neg, x.lo))
+
+
+def _sum(a: dict, args: list[Interval], node: Node) -> Interval:
+    keep = a.get("keepdims", False)
+    lo, hi = (np.sum(side, axis=a["axis"], keepdims=keep) for side in (args[0].lo, args[0].hi))
+    return Interval(lo, hi)
+
+
+def _matmul(a: dict, args: list[Interval], node: Node) -> Interval:
+    x, y = args
+    terms = _product_bounds(Interval(x.lo[..., :, :, None], x.hi[..., :, :, None]),
+                            Interval(y.lo[..., None, :, :], y.hi[..., None, :, :]))
+    return Interval(terms.lo.sum(axis=-2), terms.hi.sum(axis=-2))
+
+
+def _layout_bounds(a: dict, args: list[Interval], node: Node) -> Interval:
+    """Layout ops move values without changing them: the interpreter's op on each side's bound array."""
+    spec = op_spec(node.op)
+    return Interval(*(np.asarray(spec.evaluate(a, [getattr(x, side) for x in args])) for side in ("lo", "hi")))
+
+
+# The interval rule of every op (quant.ops), keyed like the registry; a test checks none is missing.
+INTERVAL_RULES = {
+    "linear": _linear,
+    "matmul_left": _matmul_left,
+    "add_const": lambda a, args, node: Interval(args[0].lo + np.asarray(a["value"], dtype=np.int64),
+                                                args[0].hi + np.asarray(a["value"], dtype=np.int64)),
+    "mul_const": lambda a, args, node: _product_bounds(args[0], _point(a["value"])),
+    "add": lambda a, args, node: Interval(args[0].lo + args[1].lo, args[0].hi + args[1].hi),
+    "sub": lambda a, args, node: Interval(args[0].lo - args[1].hi, args[0].hi - args[1].lo),
+    "neg": lambda a, args, node: Interval(-args[0].hi, -args[0].lo),
+    "sum": _sum,
+    "mul": lambda a, args, node: _product_bounds(args[0], args[1]),
+    "matmul": _matmul,
+    "lut": lambda a, args, node: _table_bounds(node, args[0]),
+    **{op: _layout_bounds for op in FREE_OPS},
+}
 
 
 def _point(value) -> Interval:
@@ -141,9 +161,3 @@ def _table_bounds(node: Node, src: Interval) -> Interval:
     grid = np.ascontiguousarray(np.broadcast_to(column, (len(candidates), *shape)))
     values = np.asarray(node.attrs["fn"](grid), dtype=np.int64)
     return Interval(values.min(axis=0), values.max(axis=0))
-
-
-def _layout(node: Node, arrays: list[np.ndarray]) -> np.ndarray:
-    from quant.ir import _evaluate  # the interpreter's layout ops, on bound arrays instead of values
-
-    return _evaluate(node, arrays, None)

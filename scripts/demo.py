@@ -32,7 +32,7 @@ def fhe(*args: str) -> None:
 def main() -> None:
     RUNS.mkdir(exist_ok=True)
     model = str(RUNS / "digits-inhibitor.pt")
-    fhe("train", "--task", "digits", "--patch", "4", "--attention", "inhibitor", "--d-model", "16", "--heads", "2",
+    fhe("train", "--task", "digits", "--patch", "4", "--attention", "inhibitor", "--d-model", "16", "--heads", "1",
         "--epochs", "60", "--qat-bits", "6", "--qat-epochs", "100", "-o", model)
     fhe("compile", model, "--scheme", "tfhe", "--json", str(RUNS / "digits-inhibitor-tfhe.json"), "--out",
         str(RUNS / "digits-inhibitor-tfhe"))

@@ -32,6 +32,16 @@ def test_train_saves_a_model_that_reloads_to_the_same_outputs(tmp_path):
     assert torch.equal(load_checkpoint(out).model(x), ckpt.model(x))
 
 
+def test_train_sets_the_ffn_width(tmp_path):
+    out = tmp_path / "m.pt"
+    res = CliRunner().invoke(main, ["train", "--d-model", "8", "--heads", "1", "--d-ff", "24", "--epochs", "1",
+                                    "--quiet", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    model = load_checkpoint(out).model
+    assert model.config.d_ff == 24
+    assert model.blocks[0].ffn.fc1.out_features == 24
+
+
 def test_train_reports_bad_options_clearly(tmp_path):
     res = CliRunner().invoke(main, ["train", "--task", "mnist", "--data-dir", str(tmp_path / "no"), "-o",
                                     str(tmp_path / "m.pt")])

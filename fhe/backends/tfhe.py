@@ -23,7 +23,8 @@ from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
 from fhe.tfhe_recipe import estimated_latency_s, stage_table
-from quant.ir import FREE_OPS, SHARED_OPS, Graph, rounded_bits
+from quant.ir import FREE_OPS, Graph, rounded_bits
+from quant.ops import op_spec
 from quant.ranges import overflow_risks, widen_to_proven
 
 
@@ -45,26 +46,37 @@ def _rounded(node, x, src, exact: bool = True):
     return fhe.hint(rounded, bit_width=max(src.bits, rounded_bits(src.lo, src.hi, r)))
 
 
+def _lut(node, args, src, exact):
+    if node.attrs.get("per_channel"):
+        raise ValueError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
+                         "quantize with per-tensor weights")
+    return fhe.univariate(node.attrs["fn"])(_rounded(node, args[0], src, exact))
+
+
+def _slice(node, args, src, exact):  # Concrete does not index with Ellipsis: spell the leading axes out
+    lead = (slice(None),) * (len(args[0].shape) - len(node.attrs["index"]))
+    return args[0][(*lead, *node.attrs["index"])]
+
+
+# The TFHE lowering of every op whose spec (quant.ops) is not traceable as it stands: Concrete tracers
+# carry no batch axes, lookups become fhe.univariate, encrypted products quarter squares.
+TFHE_LOWERINGS = {
+    "lut": _lut,
+    "mul": lambda node, args, src, exact: _product(node, args),
+    "matmul": lambda node, args, src, exact: _product(node, args),
+    "reshape": lambda node, args, src, exact: np.reshape(args[0], tuple(node.attrs["shape"])),
+    "transpose": lambda node, args, src, exact: np.transpose(args[0], tuple(node.attrs["axes"])),
+    "slice": _slice,
+}
+
+
 def _lower_node(node, args, src=None, exact: bool = True):
-    a = node.attrs
-    op = node.op
-    if op in SHARED_OPS:
-        return SHARED_OPS[op](a, args)
-    if op == "lut":
-        if a.get("per_channel"):
-            raise ValueError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
-                             "quantize with per-tensor weights")
-        return fhe.univariate(a["fn"])(_rounded(node, args[0], src, exact))
-    if op in ("mul", "matmul"):
-        return _product(node, args)
-    if op == "reshape":
-        return np.reshape(args[0], tuple(a["shape"]))
-    if op == "transpose":
-        return np.transpose(args[0], tuple(a["axes"]))
-    if op == "slice":  # Concrete does not index with Ellipsis: spell the leading axes out
-        lead = (slice(None),) * (len(args[0].shape) - len(a["index"]))
-        return args[0][(*lead, *a["index"])]
-    raise NotImplementedError(f"op {op!r} (node {node.name!r}) has no TFHE lowering")
+    spec = op_spec(node.op)
+    if spec.traceable:
+        return spec.evaluate(node.attrs, args)
+    if node.op not in TFHE_LOWERINGS:
+        raise NotImplementedError(f"no TFHE lowering registered for op {node.op!r} (node {node.name!r})")
+    return TFHE_LOWERINGS[node.op](node, args, src, exact)
 
 
 def _quarter_square(t):
@@ -175,7 +187,8 @@ class TfheBackend:
         config = fhe.Configuration(
             show_progress=False, p_error=params.p_error, global_p_error=params.global_p_error,
             dataflow_parallelize=params.dataflow_parallelize, loop_parallelize=params.loop_parallelize,
-            fhe_simulation=True, fhe_execution=not simulate_only, detect_overflow_in_simulation=False)
+            compress_evaluation_keys=params.compress_keys, fhe_simulation=True, fhe_execution=not simulate_only,
+            detect_overflow_in_simulation=False)
         compiler = fhe.Compiler(to_concrete_function(graph, params.exact_rounding), {"x": "encrypted"})
         start = time.perf_counter()
         circuit = compiler.compile(inputset, config)
@@ -191,6 +204,8 @@ class TfheBackend:
 
     def keygen(self, force: bool = False) -> None:
         self._timed("keygen", lambda: self.circuit.keygen(force=force))
+        # what the client stores and uploads (seeded when params.compress_keys); the server expands it
+        self.meta["evaluation_keys_bytes"] = len(self.circuit.client.evaluation_keys.serialize())
 
     def encrypt(self, x_int: np.ndarray):
         self._require_keys()
@@ -227,7 +242,10 @@ class TfheBackend:
             "params_all": _all_params(c),
             "key_sizes_bytes": {"secret": int(c.size_of_secret_keys), "bootstrap": int(c.size_of_bootstrap_keys),
                                 "keyswitch": int(c.size_of_keyswitch_keys),
-                                "evaluation": int(c.size_of_bootstrap_keys + c.size_of_keyswitch_keys)},
+                                "evaluation": int(c.size_of_bootstrap_keys + c.size_of_keyswitch_keys),
+                                **({"evaluation_serialized": self.meta["evaluation_keys_bytes"]}
+                                   if "evaluation_keys_bytes" in self.meta else {})},
+            "compressed_keys": self.params.compress_keys,
             "timings_s": {k: self.timings_s.get(k) for k in ("compile", "keygen", "encrypt", "run", "decrypt")},
             "seq_len": self.meta.get("seq_len", self.graph.input_shape[0] if self.graph.input_shape else None),
             "n_bits": self.params.n_bits,

@@ -23,62 +23,16 @@ import numpy as np
 import torch
 
 from fhe.ckks import approx as A
+from fhe.ckks.affine import Affine, per_position
 from fhe.ckks.arith import Arith, ClearArith, Val
 from fhe.errors import FheError
-from models.config import Activation, AttentionKind, InputKind, NormKind, TransformerConfig
+from models.config import Activation, InputKind, NormKind, TransformerConfig
 from models.fold import fold_norms
 from models.transformer import Transformer
 
 
 class PolynomialError(FheError):
     """The model has an operation with no polynomial form here; the message names it and the fix."""
-
-
-NO_POLY_FORM = {
-    AttentionKind.DOT_PRODUCT: "softmax's exp and row max (use --attention power-softmax, or --scheme tfhe)",
-    AttentionKind.INHIBITOR: "the Inhibitor's |x| and ReLU (table lookups: use --scheme tfhe)",
-    AttentionKind.SIGNED_INHIBITOR: "the signed Inhibitor's |x| and ReLU (table lookups: use --scheme tfhe)",
-    AttentionKind.DCT: "DCT-Former's softmax (use --scheme tfhe, or train with --attention power-softmax)",
-}
-
-
-def per_position(w: np.ndarray, seq_len: int) -> np.ndarray:
-    """A position-wise linear map (out, in) as a map of the flattened (T·in) vector: I_T ⊗ W."""
-    return np.kron(np.eye(seq_len), w)
-
-
-@dataclass
-class Affine:
-    """y = Σₖ Mₖ·xₖ + b over lists of materialised values xₖ: no ciphertext operation until needed."""
-
-    terms: list[tuple[list[Val], np.ndarray]]
-    bias: np.ndarray
-
-    @property
-    def size(self) -> int:
-        return len(self.bias)
-
-    def apply(self, m: np.ndarray, c: np.ndarray | float = 0.0) -> Affine:
-        return Affine([(x, m @ w) for x, w in self.terms], m @ self.bias + c)
-
-    def __add__(self, other: Affine) -> Affine:
-        merged: dict[int, tuple[list[Val], np.ndarray]] = {}
-        for x, w in self.terms + other.terms:
-            merged[id(x)] = (x, merged[id(x)][1] + w) if id(x) in merged else (x, w)
-        return Affine(list(merged.values()), self.bias + other.bias)
-
-    def materialize(self, ar: Arith) -> list[Val]:
-        out = []
-        for i in range(self.size):
-            vals, weights = [], []
-            for x, w in self.terms:
-                nz = np.flatnonzero(w[i])
-                vals += [x[j] for j in nz]
-                weights += w[i, nz].tolist()
-            if not vals:
-                vals, weights = [self.terms[0][0][0]], [0.0]
-            out.append(ar.lincomb(vals, weights, float(self.bias[i])))
-        return out
 
 
 @dataclass
@@ -105,7 +59,7 @@ class PolyProgram:
             pre = f"block{i}"
             x1 = self._norm(ar, f"{pre}.norm1", f"blocks.{i}.norm1", h)
             h = h + self._mixer(ar, pre, f"blocks.{i}.mixer", x1)
-            if cfg.attention is not AttentionKind.GEGLU_ONLY:
+            if cfg.has_ffn:
                 x2 = self._norm(ar, f"{pre}.norm2", f"blocks.{i}.norm2", h)
                 h = h + self._ffn(ar, f"{pre}.ffn", f"blocks.{i}.ffn", x2)
         h = self._norm(ar, "final_norm", "norm", h)
@@ -206,74 +160,14 @@ class PolyProgram:
         return Affine([(normed, np.eye(len(normed)) / math.sqrt(V))], np.zeros(len(normed)))
 
     def _mixer(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
-        kind = self.config.attention
-        if kind is AttentionKind.POWER_SOFTMAX:
-            return self._power_softmax(ar, f"{tag}.attention", key, x)
-        return self._geglu(ar, f"{tag}.geglu", key, x)
+        """The token mixer, by the polynomial lowering registered for the model's kind (fhe/ckks/mixers/)."""
+        from fhe.ckks.mixers import poly_mixer
 
-    def _power_softmax(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
-        """Length-agnostic PowerSoftmax attention (Eq. 7), Goldschmidt 1/x on the calibrated interval."""
-        cfg, w = self.config, self.weights
-        T, C, H, dh, p = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.power_p
-        name = f"{tag}.reciprocal"
-        calibrating = self._calibrating(name, ar)
-        op = self.ops.get(name, {})
-        D = op.get("scale", 1.0)
-        cq = 1 / (math.sqrt(dh) * (T * D) ** (1 / p))  # 1/√d, Eq. 7's 1/L and Goldschmidt's 1/D, folded
-        with ar.stage(f"{tag}.qkv"):
-            q = x.apply(per_position(w[f"{key}.q_proj.weight"], T) * cq, np.tile(w[f"{key}.q_proj.bias"], T) * cq)
-            q = q.materialize(ar)
-            k = x.apply(per_position(w[f"{key}.k_proj.weight"], T), np.tile(w[f"{key}.k_proj.bias"], T))
-            k = k.materialize(ar)
-            v = x.apply(per_position(w[f"{key}.v_proj.weight"], T), np.tile(w[f"{key}.v_proj.bias"], T))
-            v = v.materialize(ar)
-        o: list[Val | None] = [None] * (T * C)
-        for head in range(H):
-            cols = range(head * dh, (head + 1) * dh)
-            with ar.stage(f"{tag}.scores"):
-                s = [[ar.sum([ar.mul(q[i * C + c], k[j * C + c]) for c in cols]) for j in range(T)]
-                     for i in range(T)]
-            with ar.stage(f"{tag}.power"):
-                sp = [[A.power_even(ar, sij, p) for sij in row] for row in s]  # (s_ij/L')^p / D
-            del s  # ciphertexts are large: keep only what later stages read
-            with ar.stage(f"{tag}.reciprocal"):
-                eps = self._inference_eps()
-                a = [ar.add_scalar(ar.sum(row), eps / D) for row in sp]  # (ε + Mean_j s_ijᵖ)/D, Eq. 7
-                self._observe(ar, name, a)
-                if calibrating:
-                    y = [Val(1 / ai.data, ai.level) for ai in a]
-                else:
-                    y = [A.goldschmidt_reciprocal(ar, ai, op["iterations"]) for ai in a]
-            with ar.stage(f"{tag}.values"):
-                # (Σ_j s_ijᵖ v_j) · (1/a_i): the numerator sum runs while Goldschmidt iterates,
-                # so the division costs one level after the reciprocal instead of two
-                for i in range(T):
-                    for c in cols:
-                        num = ar.sum([ar.mul(sp[i][j], v[j * C + c]) for j in range(T)])
-                        o[i * C + c] = ar.mul(num, y[i])
-            del sp, a, y
-        return Affine([(o, per_position(w[f"{key}.out_proj.weight"], T))], np.tile(w[f"{key}.out_proj.bias"], T))
+        return poly_mixer(self.config.attention)(self, ar, tag, key, x)
 
     def _inference_eps(self) -> float:
         """ε of the inference form (see PowerSoftmaxAttention.inference_eps)."""
         return self.config.power_eps if self.config.power_form == "length-agnostic" else 0.0
-
-    def _geglu(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
-        """Activator / GEGLU-only unit (Activator paper Eqs. 8-10): down(LN(up₁x) ⊙ LN(GELU(up₂x)))."""
-        w, T = self.weights, self.config.seq_len
-        hidden = w[f"{key}.up_value.weight"].shape[0]
-        u = x.apply(per_position(w[f"{key}.up_value.weight"], T), np.tile(w[f"{key}.up_value.bias"], T))
-        g = x.apply(per_position(w[f"{key}.up_gate.weight"], T), np.tile(w[f"{key}.up_gate.bias"], T))
-        gate = self._activation(ar, f"{tag}.gelu", g, Activation.GELU)
-        if self.config.norm is NormKind.LAYERNORM:
-            u = self._layernorm(ar, f"{tag}.norm_value", u, hidden)
-            normed = self._layernorm(ar, f"{tag}.norm_gate", Affine([(gate, np.eye(len(gate)))], np.zeros(len(gate))),
-                                     hidden)
-            with ar.stage(f"{tag}.gate"):
-                gate = normed.materialize(ar)
-        with ar.stage(f"{tag}.gate"):
-            prod = [ar.mul(a, b) for a, b in zip(u.materialize(ar), gate, strict=True)]
-        return Affine([(prod, per_position(w[f"{key}.down.weight"], T))], np.tile(w[f"{key}.down.bias"], T))
 
     def _ffn(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
         w, T = self.weights, self.config.seq_len
@@ -309,9 +203,12 @@ def check_model(config: TransformerConfig) -> None:
     if config.input_kind is InputKind.TOKENS:
         raise PolynomialError("token-id inputs: the embedding lookup has no polynomial form; the client would "
                               "have to embed its tokens before encryption (use a patch/feature-input task)")
-    if config.attention in NO_POLY_FORM:
-        raise PolynomialError(f"attention {config.attention.value!r} has no polynomial form here: "
-                              f"{NO_POLY_FORM[config.attention]}")
+    from fhe.ckks.mixers import NoPolyLoweringError, poly_mixer
+
+    try:
+        poly_mixer(config.attention)
+    except NoPolyLoweringError as exc:
+        raise PolynomialError(str(exc)) from exc
 
 
 def build_program(model: Transformer, calib_x: torch.Tensor | np.ndarray,

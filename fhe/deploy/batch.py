@@ -31,7 +31,7 @@ class BatchResult:
         return len(self.outputs) / self.run_s if self.run_s else float("nan")
 
 
-class _Worker:
+class Worker:
     """Holds one server artifact and one set of keys; answers payloads."""
 
     def __init__(self, server: str, keys: bytes) -> None:
@@ -55,7 +55,7 @@ def run_batch(server: str | Path, keys: bytes, payloads: list[bytes], workers: i
     (``workers`` then defaults to its CPU count). Results are in payload order either way."""
     if workers <= 0 and address is None:
         start = time.perf_counter()
-        worker = _Worker(str(server), keys)
+        worker = Worker(str(server), keys)
         setup = time.perf_counter() - start
         start = time.perf_counter()
         outputs = []
@@ -83,7 +83,7 @@ def _run_on_ray(server: str, keys: bytes, payloads: list[bytes], workers: int, a
                  log_to_driver=False)
         threads = max(1, cores // workers)
     env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}} if threads else None
-    actor = ray.remote(num_cpus=1, runtime_env=env)(_Worker) if env else ray.remote(num_cpus=1)(_Worker)
+    actor = ray.remote(num_cpus=1, runtime_env=env)(Worker) if env else ray.remote(num_cpus=1)(Worker)
     keys_ref = ray.put(keys)
     actors = [actor.remote(server, keys_ref) for _ in range(workers)]
     per_worker = ray.get([a.ready.remote() for a in actors])
@@ -99,3 +99,25 @@ def _run_on_ray(server: str, keys: bytes, payloads: list[bytes], workers: int, a
     for a in actors:
         ray.kill(a)
     return BatchResult(outputs, workers, setup, run_s, list(per_worker))
+
+
+def execute_compiled(compiled, x_int, workers: int = 0, address: str | None = None,
+                     progress: Callable[[int], None] | None = None) -> tuple[list, BatchResult]:
+    """Encrypts ``x_int`` with ``compiled``'s TFHE client, answers every sample from a temporary server
+    artifact (on ``workers`` local Ray workers, or the cluster at ``address``), decrypts, and returns the
+    decrypted outputs in order with the batch timings."""
+    import tempfile
+
+    import numpy as np
+    from concrete import fhe as cfhe
+
+    from fhe.deploy import wire
+
+    circuit = compiled.backend.circuit
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = compiled.save(tmp)
+        payloads = [wire.pack([circuit.encrypt(xi).serialize()]) for xi in x_int]
+        result = run_batch(paths["server"], circuit.client.evaluation_keys.serialize(), payloads, workers, address,
+                           progress)
+    outs = [np.asarray(circuit.decrypt(cfhe.Value.deserialize(wire.unpack(o)[0]))) for o in result.outputs]
+    return outs, result

@@ -72,6 +72,10 @@ def test_default_train_then_compile_runs_encrypted(default_model, tmp_path):
     assert "encrypted output equals the clear integer program: True" in res.stdout
     rep = json.loads(rep_path.read_text())
     assert max(r["lookup_input_bits"] or 0 for r in rep["stages"]) <= DEFAULT_QUANT.lut_bits
+    # seeded keys by default: what the client stores and uploads is a fraction of what the server expands
+    # (uncompressed, the serialisation is ~85% of Concrete's in-memory size); the run above used them
+    keys = rep["key_sizes_bytes"]
+    assert rep["compressed_keys"] and 0 < keys["evaluation_serialized"] < keys["evaluation"] / 2, keys
 
 
 @pytest.mark.skipif(not FHE.exists(), reason="the fhe console script is not installed in this environment")

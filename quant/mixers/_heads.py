@@ -1,0 +1,50 @@
+"""What every Q/K/V attention lowering shares: the projections, their requantisation, head split/merge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quant.lowering import Lowering, QValue
+from quant.quantizer import Quantizer
+
+
+@dataclass
+class Heads:
+    q: QValue  # (n_heads, T, d_head)
+    k: QValue
+    v: QValue
+    v_quantizer: Quantizer  # V's grid (the Inhibitor requantises its scores onto it)
+
+
+def project_qkv(low: Lowering, mixer, h: QValue, name: str, cfg, shared_qk: bool = False) -> Heads:
+    """Q, K, V = h W_{q,k,v}ᵀ + b, requantised and split into heads. ``shared_qk``: Q and K on one
+    quantizer (a kind that subtracts them, e.g. the Inhibitor's Eq. 5)."""
+    nh, dh = cfg.n_heads, cfg.d_head
+    T = h.shape[0]
+
+    def heads(x: QValue, label: str) -> QValue:  # (T, C) -> (nh, T, dh)
+        x = low.reshape(x, (T, nh, dh), f"{name}.{label}.split")
+        return low.transpose(x, (1, 0, 2), f"{name}.{label}.heads")
+
+    tag = f"{name}.qkv"
+    q_acc = low.linear(h, mixer.q_proj.weight, mixer.q_proj.bias, f"{name}.q", tag)
+    k_acc = low.linear(h, mixer.k_proj.weight, mixer.k_proj.bias, f"{name}.k", tag)
+    v_acc = low.linear(h, mixer.v_proj.weight, mixer.v_proj.bias, f"{name}.v", tag)
+    if shared_qk:
+        q_qk = low.fit(f"{name}.qk", torch.cat([q_acc.fake, k_acc.fake]), signed=True)
+        q = low.requant(q_acc, f"{name}.q.out", tag, quantizer=q_qk)
+        k = low.requant(k_acc, f"{name}.k.out", tag, quantizer=q_qk)
+    else:
+        q = low.requant(q_acc, f"{name}.q.out", tag, signed=True)
+        k = low.requant(k_acc, f"{name}.k.out", tag, signed=True)
+    v = low.requant(v_acc, f"{name}.v.out", tag, signed=True)
+    return Heads(heads(q, "q"), heads(k, "k"), heads(v, "v"), low.quantizers[f"{name}.v.out"])
+
+
+def merge_heads(low: Lowering, out: QValue, name: str) -> QValue:
+    """(n_heads, T, d_head) -> (T, n_heads · d_head)."""
+    nh, T, dh = out.shape
+    out = low.transpose(out, (1, 0, 2), f"{name}.merge.t")
+    return low.reshape(out, (T, nh * dh), f"{name}.merge")

@@ -1,0 +1,49 @@
+"""fhe.compare.compare_tfhe, the library call behind `fhe compare` (a notebook's API)."""
+
+import numpy as np
+import pytest
+
+from fhe.compare import compare_tfhe
+from fhe.harness import compile_model
+from fhe.schemes import TfheParams
+from fhe.tfhe_recipe import resolve_quant
+from models.tasks import load_task_of
+from models.training import load_checkpoint, predict
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model):
+    ckpt = load_checkpoint(tiny_model)
+    data = load_task_of(ckpt.task)
+    compiled = compile_model(ckpt.model, data.x_train[:500], TfheParams(), resolve_quant(None))
+    return compiled, data
+
+
+def test_simulated_comparison_matches_an_independent_count(setup):
+    compiled, data = setup
+    x, y = data.x_test[:40], data.y_test[:40].numpy()
+    seen = []
+    res = compare_tfhe(compiled, x, y, "simulate", progress=lambda done, total: seen.append((done, total)))
+    # the reference: the clear integer program and the float model, computed here on the accepted samples
+    x_int = compiled.program.quantize_input(x)
+    runs = [compiled.program.run_int(xi[None], "clip") for xi in x_int]
+    accepted = np.array([not clipped for _, clipped in runs])
+    clear = np.concatenate([out for out, _ in runs])[accepted]
+    flt = predict(compiled.program.model, x).numpy()[accepted]
+    assert res["n"] + res["refused_overflow"] == 40 and res["n"] == accepted.sum()
+    assert res["accuracy"]["clear"] == pytest.approx((clear.argmax(-1) == y[accepted]).mean())
+    assert res["accuracy"]["float"] == pytest.approx((flt.argmax(-1) == y[accepted]).mean())
+    assert res["exact_integer_match"] == 1.0 and res["accuracy"]["simulate"] == res["accuracy"]["clear"]
+    assert seen[-1] == (res["n"], res["n"])
+    with pytest.raises(ValueError, match="mode"):
+        compare_tfhe(compiled, x, y, "encrypt")
+
+
+def test_execution_on_ray_workers_equals_the_clear_program(setup):
+    compiled, data = setup
+    compiled.keygen()
+    messages = []
+    res = compare_tfhe(compiled, data.x_test[:2], data.y_test[:2].numpy(), "execute", workers=2,
+                       on_message=messages.append)
+    assert res["exact_integer_match"] == 1.0 and res["n"] + res["refused_overflow"] == 2
+    assert messages and messages[0].startswith("Ray: 2 workers")

@@ -1,0 +1,30 @@
+"""The per-kind lowering registries: every attention kind has an integer lowering, and a gap is one
+clear error naming the kind and the backend."""
+
+import pytest
+import torch
+
+from fhe.ckks.mixers import NoPolyLoweringError, poly_mixer, registered_poly_mixers
+from models.config import AttentionKind, TransformerConfig
+from models.transformer import Transformer
+from quant import ExportError, QuantConfig, export
+from quant import mixers as quant_mixers
+from quant.mixers import registered_mixers
+
+
+def test_every_attention_kind_has_an_integer_lowering():
+    assert set(registered_mixers()) == set(AttentionKind)
+
+
+def test_a_missing_integer_lowering_is_named(monkeypatch):
+    monkeypatch.delitem(quant_mixers._LOWERINGS, AttentionKind.INHIBITOR)
+    model = Transformer(TransformerConfig(seq_len=3, in_features=4, n_outputs=2, attention="inhibitor",
+                                          d_model=4, n_heads=1, norm="none"))
+    with pytest.raises(ExportError, match="no lowering registered for inhibitor under the integer program"):
+        export(model, torch.rand(8, 3, 4), QuantConfig(n_bits=4))
+
+
+def test_a_missing_polynomial_lowering_is_named_with_the_alternative():
+    assert AttentionKind.POWER_SOFTMAX in registered_poly_mixers()
+    with pytest.raises(NoPolyLoweringError, match="no lowering registered for inhibitor under CKKS.*--scheme tfhe"):
+        poly_mixer(AttentionKind.INHIBITOR)
