@@ -1,15 +1,18 @@
 """The shared encrypt/run/decrypt harness: float in, float out, whatever the scheme.
 
-``compile_model`` quantizes a trained model (quant.export) and hands the integer program to the
-backend registered for the parameter type. A :class:`CompiledModel` speaks the same vocabulary on
-every backend: ``keygen``, ``encrypt``, ``run``, ``decrypt``, ``encrypt_run_decrypt``, ``simulate``,
-``report`` and ``save`` (the secret key only on explicit request). CKKS programs take floats
-directly (no quantization), so :class:`FloatCompiledModel` wraps them.
+``compile_model`` hands a trained model to the backend registered for the parameter type and returns
+one :class:`CompiledModel` with the same vocabulary on every backend: ``keygen``, ``encrypt``, ``run``,
+``decrypt``, ``encrypt_run_decrypt``, ``simulate``, ``clear``, ``report`` and ``save`` (the secret key
+only on explicit request). What differs between schemes sits in its :class:`Codec`, the client's side of
+the boundary: TFHE quantizes the input and dequantizes the output with the integer program's own
+quantizers (:class:`QuantCodec`, as Concrete ML's client does); CKKS programs take floats directly
+(:class:`IdentityCodec`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -39,29 +42,90 @@ class Backend(Protocol):
     def save(self, directory, include_secret_key: bool = False) -> dict: ...
 
 
+class Codec(Protocol):
+    """Floats to what the backend encrypts, and back; the clear program that every encrypted run equals."""
+
+    model: Transformer
+
+    def encode(self, x) -> np.ndarray: ...
+    def decode(self, y: np.ndarray) -> np.ndarray: ...
+    def reference(self, encoded: np.ndarray) -> np.ndarray: ...  # the clear program, encoded in and out
+    def overflowing(self, encoded: np.ndarray) -> dict[str, int]: ...  # nodes an input would overflow
+
+
 @dataclass
-class CompiledModel:
-    """A TFHE-compiled integer program. Overflow policy (with ``ranges="calibrated"``): an input that would
-    take any value outside its calibrated bit width (where the encrypted circuit wraps around and the
-    clear program saturates) is refused by :meth:`encrypt` with :class:`InputOverflowError` naming the
-    node, so every encrypted result equals the clear program; ``allow_overflow=True`` encrypts anyway.
-    With ``ranges="proven"`` no accepted input can overflow and nothing is refused."""
+class QuantCodec:
+    """TFHE: the integer program's input quantizer and output scale; its clear integer run as reference."""
 
     program: QuantizedProgram
+
+    @property
+    def model(self) -> Transformer:
+        return self.program.model
+
+    def encode(self, x) -> np.ndarray:
+        return self.program.quantize_input(x)
+
+    def decode(self, y: np.ndarray) -> np.ndarray:
+        return self.program.dequantize_output(y)
+
+    def reference(self, x_int: np.ndarray) -> np.ndarray:
+        return self.program.run_int(x_int, "clip")[0]
+
+    def overflowing(self, x_int: np.ndarray) -> dict[str, int]:
+        return self.program.run_int(x_int, "clip")[1]
+
+
+@dataclass
+class IdentityCodec:
+    """CKKS: the polynomial program takes and returns floats; ``reference`` is its clear evaluation."""
+
+    model: Transformer
+    reference: Callable[[np.ndarray], np.ndarray] = field(repr=False)
+
+    def encode(self, x):
+        return x
+
+    def decode(self, y: np.ndarray) -> np.ndarray:
+        return y
+
+    def overflowing(self, x) -> dict[str, int]:
+        return {}  # a polynomial has no width to overflow; values outside its intervals are counted elsewhere
+
+
+@dataclass
+class CompiledModel:
+    """A compiled model and its client codec. Overflow policy (TFHE with ``ranges="calibrated"``): an input
+    that would take any value outside its calibrated bit width (where the encrypted circuit wraps around
+    and the clear program saturates) is refused by :meth:`encrypt` with :class:`InputOverflowError` naming
+    the node, so every encrypted result equals the clear program; ``allow_overflow=True`` encrypts anyway.
+    With ``ranges="proven"`` no accepted input can overflow and nothing is refused."""
+
     backend: Backend
+    codec: Codec
     allow_overflow: bool = False
 
-    # float <-> integer at the client boundary
-    def encrypt(self, x: np.ndarray | torch.Tensor):
-        x_int = self.program.quantize_input(x)
+    @property
+    def model(self) -> Transformer:
+        return self.codec.model
+
+    @property
+    def program(self) -> QuantizedProgram:
+        """The integer program (TFHE only)."""
+        if not isinstance(self.codec, QuantCodec):
+            raise AttributeError(f"a {self.backend.scheme.value} compiled model has no integer program")
+        return self.codec.program
+
+    # the client boundary
+    def encrypt(self, x):
+        encoded = self.codec.encode(x)
         if not self.allow_overflow:
-            self.check_input(x_int)
-        return self.backend.encrypt(x_int)
+            self.check_input(encoded)
+        return self.backend.encrypt(encoded)
 
     def overflowing_nodes(self, x_int: np.ndarray) -> dict[str, int]:
-        """Nodes (and entry counts) that the quantized input ``x_int`` pushes past their bit width."""
-        _, clipped = self.program.run_int(x_int, "clip")
-        return clipped
+        """Nodes (and entry counts) that the encoded input ``x_int`` pushes past their bit width."""
+        return self.codec.overflowing(x_int)
 
     def check_input(self, x_int: np.ndarray) -> None:
         clipped = self.overflowing_nodes(x_int)
@@ -78,7 +142,7 @@ class CompiledModel:
         return self.backend.run(ct)
 
     def decrypt(self, ct) -> np.ndarray:
-        return self.program.dequantize_output(self.backend.decrypt(ct))
+        return self.codec.decode(self.backend.decrypt(ct))
 
     def keygen(self, force: bool = False) -> None:
         self.backend.keygen(force=force)
@@ -87,11 +151,12 @@ class CompiledModel:
         return self.decrypt(self.run(self.encrypt(x)))
 
     def simulate(self, x) -> np.ndarray:
-        return self.program.dequantize_output(self.backend.simulate(self.program.quantize_input(x)))
+        return self.codec.decode(self.backend.simulate(self.codec.encode(x)))
 
     def clear(self, x) -> np.ndarray:
-        """The clear integer program (the exact reference of every encrypted run)."""
-        return self.program.forward(x, policy="clip")
+        """The clear program (TFHE: the integer program; CKKS: the polynomial program), the exact reference
+        of every encrypted run."""
+        return self.codec.decode(self.codec.reference(self.codec.encode(x)))
 
     def report(self) -> dict:
         return self.backend.report()
@@ -146,43 +211,6 @@ class SimulationCheck:
                 f"argmax agreement {100 * self.argmax_agreement:.1f}%)")
 
 
-@dataclass
-class FloatCompiledModel:
-    """A compiled model whose backend takes floats directly (CKKS: no quantization step).
-
-    Same vocabulary as :class:`CompiledModel`; ``clear`` and ``simulate`` are the clear polynomial
-    program, the exact reference of every encrypted run."""
-
-    model: Transformer
-    backend: Backend
-
-    def encrypt(self, x):
-        return self.backend.encrypt(x)
-
-    def run(self, ct):
-        return self.backend.run(ct)
-
-    def decrypt(self, ct) -> np.ndarray:
-        return self.backend.decrypt(ct)
-
-    def keygen(self, force: bool = False) -> None:
-        self.backend.keygen(force=force)
-
-    def encrypt_run_decrypt(self, x) -> np.ndarray:
-        return self.decrypt(self.run(self.encrypt(x)))
-
-    def simulate(self, x) -> np.ndarray:
-        return self.backend.simulate(x)
-
-    clear = simulate
-
-    def report(self) -> dict:
-        return self.backend.report()
-
-    def save(self, directory, include_secret_key: bool = False) -> dict:
-        return save_artifacts(self.backend, directory, include_secret_key)
-
-
 def save_artifacts(backend: Backend, directory, include_secret_key: bool = False) -> dict:
     """Writes ``server/`` and (with ``include_secret_key``) ``client/``, each with a manifest of SHA-256
     digests, through a temporary folder renamed into place."""
@@ -197,13 +225,13 @@ def quant_config_for(params: TfheParams, base: QuantConfig | None = None) -> Qua
 
 def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams | CkksParams,
                   quant_config: QuantConfig | None = None, simulate_only: bool = False,
-                  meta: dict | None = None) -> CompiledModel | FloatCompiledModel:
+                  meta: dict | None = None) -> CompiledModel:
     """Quantize ``model`` on ``calib_x`` and compile it for the scheme of ``params`` (TFHE), or build
     and calibrate its polynomial program (CKKS)."""
     if isinstance(params, CkksParams):
         backend = backend_for(params).compile(model, calib_x, params,
                                               meta={"seq_len": model.config.seq_len, **(meta or {})})
-        return FloatCompiledModel(model, backend)
+        return CompiledModel(backend, IdentityCodec(model, backend.simulate))
     qconfig = quant_config or quant_config_for(params)
     program = export(model, calib_x, qconfig)
     backend_cls = backend_for(params)
@@ -216,4 +244,4 @@ def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams 
     q = program.input_quantizer
     backend = backend_cls.compile(program.graph, calib_ints, params, meta=meta, simulate_only=simulate_only,
                                   input_range=(q.qmin, q.qmax))
-    return CompiledModel(program, backend)
+    return CompiledModel(backend, QuantCodec(program))

@@ -1,4 +1,4 @@
-"""The README's main job, end to end on a fresh machine (run by `make demo`; 5 minutes on 2 cores once installed).
+"""The README's main job, end to end on a fresh machine (run by `make demo`; 4 minutes on 2 cores once installed).
 
 1. train a small Inhibitor transformer on sklearn's digits (4 tokens of 4x4 pixels, BatchNorm), then
    fine-tune it through its own TFHE integer program (`--qat-bits 6`: the program reproduces the QAT model);

@@ -38,6 +38,12 @@ def test_geglu_program_runs_encrypted_without_refresh():
     assert rep["poly_modulus_degree"] == 16384 and rep["depth"] <= 7 and not rep["client_assisted_refresh"]
     assert rep["op_counts"]["client_refresh"] == 0 and rep["op_counts"]["rotation"] == 0
     assert rep["key_sizes_bytes"]["galois_keys"] == 0 and rep["key_sizes_bytes"]["relin_keys"] > 0
+    # one compiled-model class for both schemes: CKKS's codec is the identity, and there is no integer program
+    x = torch.randn(5, 4, 3, dtype=torch.float64).numpy()
+    np.testing.assert_array_equal(cm.simulate(x), cm.clear(x))
+    assert cm.model.config.attention.value == "geglu-only"
+    with pytest.raises(AttributeError, match="ckks compiled model has no integer program"):
+        _ = cm.program
 
 
 def test_power_softmax_runs_encrypted_with_a_labelled_refresh():

@@ -39,6 +39,14 @@ def test_simulated_comparison_matches_an_independent_count(setup):
         compare_tfhe(compiled, x, y, "encrypt")
 
 
+def test_the_compiled_model_speaks_floats_through_its_quantizing_codec(setup):
+    compiled, data = setup
+    x = data.x_test[:8]
+    np.testing.assert_array_equal(compiled.clear(x), compiled.program.forward(x, "clip"))
+    np.testing.assert_array_equal(compiled.simulate(x[0]), compiled.clear(x[:1])[0])
+    assert compiled.model is compiled.program.model
+
+
 def test_execution_on_ray_workers_equals_the_clear_program(setup):
     compiled, data = setup
     compiled.keygen()
