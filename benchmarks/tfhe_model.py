@@ -83,7 +83,7 @@ def measure(spec: dict) -> dict:
     ckpt = load_checkpoint(spec["model"])
     data = load_task_of(ckpt.task)
     quant = resolve_quant(ckpt.extra.get("quant"))
-    params = TfheParams(n_bits=quant.n_bits, exact_rounding=spec.get("exact_rounding", True),
+    params = TfheParams(quant=quant, exact_rounding=spec.get("exact_rounding", True),
                         global_p_error=spec.get("global_p_error", 1e-5),
                         loop_parallelize=spec.get("loop_parallelize", True),
                         dataflow_parallelize=spec.get("dataflow_parallelize", False),

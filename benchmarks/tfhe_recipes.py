@@ -63,7 +63,7 @@ def main() -> None:
             accs.append(qat.program_score)
             if seed == 0:
                 start = time.perf_counter()
-                rep = compile_model(qat.model, data.x_train[:DEFAULT_CALIB_SAMPLES], TfheParams(n_bits=quant.n_bits),
+                rep = compile_model(qat.model, data.x_train[:DEFAULT_CALIB_SAMPLES], TfheParams(quant=quant),
                                     quant, simulate_only=True).report()
                 cost = {"pbs": rep["pbs_count"], "estimated_latency_s": rep["estimated_latency_s"],
                         "key_mib": rep["key_sizes_bytes"]["evaluation"] / 2**20,

@@ -12,6 +12,7 @@ import numpy as np
 from circuits.attention import CircuitSpec, Variant, build
 from fhe.backends.tfhe import TfheBackend
 from fhe.schemes import TfheParams
+from quant.config import QuantConfig
 
 
 @dataclass
@@ -45,7 +46,7 @@ def measure(spec: CircuitSpec, execute: bool = True, repeats: int = 3,
     """Builds, compiles and (with ``execute``) keys and runs one circuit ``repeats`` times on inputs
     drawn from its inputset, checking every encrypted output against the clear integer program."""
     built = build(spec)
-    params = params or TfheParams(n_bits=spec.n_bits, inputset_size=len(built.calib_ints))
+    params = params or TfheParams(quant=QuantConfig(n_bits=spec.n_bits), inputset_size=len(built.calib_ints))
     backend = TfheBackend.compile(built.graph, built.calib_ints, params, meta={"seq_len": spec.seq_len},
                                   simulate_only=not execute)
     rep = backend.report()

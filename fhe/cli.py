@@ -298,7 +298,7 @@ def _compile(model_path, opts: dict, simulate_only: bool = False):
     ckpt, data = load_model_and_task(model_path, opts["data_dir"])
     try:
         qconfig = resolve_quant(ckpt.extra.get("quant"), **{k: opts[k] for k in TFHE_QUANT_OPTIONS})
-        params = TfheParams(n_bits=qconfig.n_bits, rounding_bits=qconfig.rounding_bits, p_error=opts["p_error"],
+        params = TfheParams(quant=qconfig, p_error=opts["p_error"],
                             global_p_error=opts["global_p_error"], inputset_size=opts["inputset"],
                             exact_rounding=opts["rounding"] == "exact", ranges=opts["ranges"],
                             compress_keys=opts["compress_keys"])

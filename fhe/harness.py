@@ -218,11 +218,6 @@ def save_artifacts(backend: Backend, directory, include_secret_key: bool = False
                        backend.scheme.value)
 
 
-def quant_config_for(params: TfheParams, base: QuantConfig | None = None) -> QuantConfig:
-    base = base or QuantConfig()
-    return base.replace(n_bits=params.n_bits, rounding_bits=params.rounding_bits)
-
-
 def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams | CkksParams,
                   quant_config: QuantConfig | None = None, simulate_only: bool = False,
                   meta: dict | None = None) -> CompiledModel:
@@ -232,7 +227,9 @@ def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams 
         backend = backend_for(params).compile(model, calib_x, params,
                                               meta={"seq_len": model.config.seq_len, **(meta or {})})
         return CompiledModel(backend, IdentityCodec(model, backend.simulate))
-    qconfig = quant_config or quant_config_for(params)
+    if quant_config is not None:  # an explicit configuration replaces the parameters' own
+        params = params.replace(quant=quant_config)
+    qconfig = params.quant
     program = export(model, calib_x, qconfig)
     backend_cls = backend_for(params)
     calib_ints = program.quantize_input(calib_x)

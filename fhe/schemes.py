@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from fhe.ckks.approx import ApproxConfig
+from quant.config import QuantConfig
 
 
 class Scheme(str, Enum):
@@ -21,9 +22,11 @@ RANGES = ("calibrated", "proven")
 class TfheParams:
     """TFHE compilation settings (concrete-python).
 
-    ``p_error``: probability that one PBS returns a wrong value; ``global_p_error``: for the whole
-    circuit (Concrete takes the stricter). ``rounding_bits`` is applied by the quantizer (it changes
-    the integer program itself, so the clear and encrypted runs agree exactly). ``exact_rounding``:
+    ``quant``: the quantization the integer program is built with (bits, rounding, ranges), owned here
+    only: ``n_bits`` reads it. Rounding is applied by the quantizer (it changes the integer program
+    itself, so the clear and encrypted runs agree exactly). ``p_error``: probability that one PBS
+    returns a wrong value; ``global_p_error``: for the whole circuit (Concrete takes the stricter).
+    ``exact_rounding``:
     Concrete's exact rounding (extra PBS, encrypted == clear) or its approximate rounding (cheaper
     lookups; values near a rounding boundary may read the neighbouring table entry).
 
@@ -38,8 +41,7 @@ class TfheParams:
     its memory and the run time are unchanged (benchmarks/results/tfhe_model.md).
     """
 
-    n_bits: int = 6
-    rounding_bits: int = 0
+    quant: QuantConfig = field(default_factory=QuantConfig)
     p_error: float | None = None
     global_p_error: float | None = 1e-5
     dataflow_parallelize: bool = False
@@ -52,14 +54,16 @@ class TfheParams:
     def __post_init__(self) -> None:
         if self.ranges not in RANGES:
             raise ValueError(f"ranges must be one of {RANGES}, got {self.ranges!r}")
-        if not 2 <= self.n_bits <= 16:
-            raise ValueError(f"n_bits must be in [2, 16], got {self.n_bits}")
         for name in ("p_error", "global_p_error"):
             v = getattr(self, name)
             if v is not None and not 0 < v < 1:
                 raise ValueError(f"{name} must be in (0, 1), got {v}")
         if self.inputset_size < 1:
             raise ValueError("inputset_size must be >= 1")
+
+    @property
+    def n_bits(self) -> int:
+        return self.quant.n_bits
 
     def replace(self, **changes) -> TfheParams:
         return dataclasses.replace(self, **changes)

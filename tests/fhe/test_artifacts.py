@@ -8,12 +8,13 @@ from circuits.attention import CircuitSpec, Variant, build
 from fhe.artifacts import MANIFEST, ArtifactError, atomic_save, verify
 from fhe.backends.tfhe import TfheBackend, TfheClient, TfheServer
 from fhe.schemes import TfheParams
+from quant.config import QuantConfig
 
 
 @pytest.fixture(scope="module")
 def backend():
     built = build(CircuitSpec(Variant.INHIBITOR, 2, d=2, n_bits=3))
-    return TfheBackend.compile(built.graph, built.calib_ints, TfheParams(n_bits=3, inputset_size=16))
+    return TfheBackend.compile(built.graph, built.calib_ints, TfheParams(quant=QuantConfig(n_bits=3), inputset_size=16))
 
 
 @pytest.fixture

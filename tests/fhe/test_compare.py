@@ -45,6 +45,9 @@ def test_the_compiled_model_speaks_floats_through_its_quantizing_codec(setup):
     np.testing.assert_array_equal(compiled.clear(x), compiled.program.forward(x, "clip"))
     np.testing.assert_array_equal(compiled.simulate(x[0]), compiled.clear(x[:1])[0])
     assert compiled.model is compiled.program.model
+    # one owner of the quantization: the parameters carry the configuration the program was built with
+    assert compiled.backend.params.quant == compiled.program.config == resolve_quant(None)
+    assert compiled.report()["n_bits"] == compiled.backend.params.n_bits == resolve_quant(None).n_bits
 
 
 def test_execution_on_ray_workers_equals_the_clear_program(setup):

@@ -30,6 +30,6 @@ def test_simulation_equals_clear_program(digits, kind, layers, quant):
     model = Transformer(config_for_task(digits, attention=kind, d_model=4, n_heads=2, n_layers=layers,
                                         norm="batchnorm")).eval()
     q = QUANTS[quant]
-    compiled = compile_model(model, digits.x_train[:200], TfheParams(n_bits=q.n_bits), q, simulate_only=True)
+    compiled = compile_model(model, digits.x_train[:200], TfheParams(quant=q), q, simulate_only=True)
     check = compiled.verify(digits.x_train[:200], limit=200)
     assert check.exact, check.describe()

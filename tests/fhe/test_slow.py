@@ -26,7 +26,7 @@ def test_encrypted_digits_model_equals_clear_program():
     data = load_task("digits")
     cfg = config_for_task(data, attention="inhibitor", d_model=8, n_heads=1, norm="none", d_ff=8)
     model = train(cfg, data, TrainConfig(epochs=20, lr=3e-3), progress=False).model
-    compiled = compile_model(model, data.x_train[:300], TfheParams(n_bits=4, inputset_size=50),
+    compiled = compile_model(model, data.x_train[:300], TfheParams(quant=QuantConfig(n_bits=4), inputset_size=50),
                              QuantConfig(n_bits=4, lut_bits=7))
     compiled.keygen()
     x = data.x_test[:2]
@@ -43,7 +43,7 @@ def test_whole_model_simulation_equals_clear_on_10000_inputs():
     data = load_task("digits", patch=4)
     cfg = config_for_task(data, attention="inhibitor", d_model=8, n_heads=2, norm="batchnorm")
     model = train(cfg, data, TrainConfig(epochs=10, lr=3e-3), progress=False).model
-    compiled = compile_model(model, data.x_train[:500], TfheParams(n_bits=DEFAULT_QUANT.n_bits), DEFAULT_QUANT,
+    compiled = compile_model(model, data.x_train[:500], TfheParams(quant=DEFAULT_QUANT), DEFAULT_QUANT,
                              simulate_only=True)
     x = np.random.default_rng(0).random((10_000, *data.x_test.shape[1:]))
     check = compiled.verify(x, limit=len(x))
@@ -56,7 +56,8 @@ def test_attention_circuits_encrypted_equal_clear_on_100_inputs(variant):
     from fhe.backends.tfhe import TfheBackend
 
     built = build(CircuitSpec(Variant(variant), 2, d=2, n_bits=4, lut_bits=5))
-    backend = TfheBackend.compile(built.graph, built.calib_ints, TfheParams(n_bits=4, inputset_size=64))
+    params = TfheParams(quant=QuantConfig(n_bits=4), inputset_size=64)
+    backend = TfheBackend.compile(built.graph, built.calib_ints, params)
     backend.keygen()
     lo, hi = int(built.calib_ints.min()), int(built.calib_ints.max())
     xs = np.concatenate([built.calib_ints[:50],

@@ -8,6 +8,7 @@ from circuits.attention import CircuitSpec, Variant, build
 from fhe.artifacts import atomic_save
 from fhe.backends.tfhe import TfheBackend, TfheClient, TfheServer
 from fhe.schemes import TfheParams
+from quant.config import QuantConfig
 from quant.ir import Graph
 
 REPORT_KEYS = {"scheme", "pbs_count", "pbs_per_tag", "max_bit_width", "bit_width_per_tag", "params",
@@ -18,8 +19,9 @@ PARAM_KEYS = {"lwe_dimension", "glwe_dimension", "polynomial_size", "pbs_base_lo
 
 def compile_circuit(variant, T=2, n_bits=3, simulate_only=True, lut_bits=None):
     built = build(CircuitSpec(variant, T, d=2, n_bits=n_bits, lut_bits=lut_bits))
-    backend = TfheBackend.compile(built.graph, built.calib_ints, TfheParams(n_bits=n_bits, inputset_size=64),
-                                  meta={"seq_len": T}, simulate_only=simulate_only)
+    params = TfheParams(quant=QuantConfig(n_bits=n_bits), inputset_size=64)
+    backend = TfheBackend.compile(built.graph, built.calib_ints, params, meta={"seq_len": T},
+                                  simulate_only=simulate_only)
     return built, backend
 
 

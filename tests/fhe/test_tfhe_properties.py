@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from fhe.backends.tfhe import TfheBackend
 from fhe.schemes import TfheParams
+from quant.config import QuantConfig
 from quant.ir import Graph
 
 
@@ -38,7 +39,8 @@ def test_simulation_equals_the_interpreter_on_random_programs(in_bits, n_in, n_o
     calib = rng.integers(lo, hi + 1, (200, n_in))
     calib[0], calib[1] = lo, hi  # the range's edges are part of the calibration set
     g.calibrate(calib)
-    backend = TfheBackend.compile(g, calib, TfheParams(n_bits=in_bits, inputset_size=200), simulate_only=True)
+    params = TfheParams(quant=QuantConfig(n_bits=in_bits), inputset_size=200)
+    backend = TfheBackend.compile(g, calib, params, simulate_only=True)
     xs = np.concatenate([calib[:2], rng.integers(lo, hi + 1, (30, n_in))])
     clear, _ = g.run(xs, policy="clip")
     sims = np.stack([backend.simulate(x) for x in xs])

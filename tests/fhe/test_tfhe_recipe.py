@@ -30,7 +30,7 @@ def test_resolve_quant_takes_the_record_then_the_options():
 @pytest.fixture(scope="module")
 def backend():
     built = build(CircuitSpec(Variant.INHIBITOR, 2, d=2, n_bits=3, lut_bits=4))
-    return TfheBackend.compile(built.graph, built.calib_ints, TfheParams(n_bits=3, inputset_size=32),
+    return TfheBackend.compile(built.graph, built.calib_ints, TfheParams(quant=QuantConfig(n_bits=3), inputset_size=32),
                                simulate_only=True)
 
 
