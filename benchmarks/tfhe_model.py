@@ -111,7 +111,7 @@ def measure(spec: dict) -> dict:
         start = time.perf_counter()
         compiled.keygen()
         result["keygen_s"] = time.perf_counter() - start
-        result["key_upload_mib"] = compiled.backend.meta["evaluation_keys_bytes"] / 2**20
+        result["key_upload_mib"] = compiled.backend.serialized_key_bytes() / 2**20
         lat, equal, correct = [], [], []
         for i in range(n_exec):
             ct = compiled.backend.encrypt(x_int[i])

@@ -204,8 +204,16 @@ class TfheBackend:
 
     def keygen(self, force: bool = False) -> None:
         self._timed("keygen", lambda: self.circuit.keygen(force=force))
-        # what the client stores and uploads (seeded when params.compress_keys); the server expands it
-        self.meta["evaluation_keys_bytes"] = len(self.circuit.client.evaluation_keys.serialize())
+        self.meta.pop("evaluation_keys_bytes", None)
+
+    def serialized_key_bytes(self) -> int | None:
+        """What the client stores and uploads (seeded when ``params.compress_keys``; the server expands
+        them): measured once, when first asked after keygen, so keygen itself only makes keys."""
+        if not self.circuit.keys.are_generated:
+            return None
+        if "evaluation_keys_bytes" not in self.meta:
+            self.meta["evaluation_keys_bytes"] = len(self.circuit.client.evaluation_keys.serialize())
+        return self.meta["evaluation_keys_bytes"]
 
     def encrypt(self, x_int: np.ndarray):
         self._require_keys()
@@ -230,6 +238,7 @@ class TfheBackend:
     # -------------------------------------------------------------------------------- report
     def report(self) -> dict:
         c = self.circuit
+        uploaded = self.serialized_key_bytes()
         pbs_per_tag = {t: int(n) for t, n in c.programmable_bootstrap_count_per_tag.items()}
         tags = sorted({n.tag for n in self.graph.nodes.values() if n.tag})
         return {
@@ -243,8 +252,7 @@ class TfheBackend:
             "key_sizes_bytes": {"secret": int(c.size_of_secret_keys), "bootstrap": int(c.size_of_bootstrap_keys),
                                 "keyswitch": int(c.size_of_keyswitch_keys),
                                 "evaluation": int(c.size_of_bootstrap_keys + c.size_of_keyswitch_keys),
-                                **({"evaluation_serialized": self.meta["evaluation_keys_bytes"]}
-                                   if "evaluation_keys_bytes" in self.meta else {})},
+                                **({"evaluation_serialized": uploaded} if uploaded is not None else {})},
             "compressed_keys": self.params.compress_keys,
             "timings_s": {k: self.timings_s.get(k) for k in ("compile", "keygen", "encrypt", "run", "decrypt")},
             "seq_len": self.meta.get("seq_len", self.graph.input_shape[0] if self.graph.input_shape else None),
@@ -271,10 +279,12 @@ class TfheBackend:
                 shutil.rmtree(d)
             d.mkdir(parents=True)
         self.circuit.server.save(server / "server.zip")
+        keys = self.circuit.client.evaluation_keys.serialize() if self.circuit.keys.are_generated else None
+        if keys is not None:
+            self.meta["evaluation_keys_bytes"] = len(keys)
+            (server / "evaluation_keys.bin").write_bytes(keys)
         meta = json.dumps(self.meta, indent=2, default=_jsonable)
         (server / "meta.json").write_text(meta)
-        if self.circuit.keys.are_generated:
-            (server / "evaluation_keys.bin").write_bytes(self.circuit.client.evaluation_keys.serialize())
         self.circuit.client.save(client / "client.zip")
         (client / "meta.json").write_text(meta)
         if include_secret_key:

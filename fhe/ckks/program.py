@@ -25,6 +25,7 @@ import torch
 from fhe.ckks import approx as A
 from fhe.ckks.affine import Affine, per_position
 from fhe.ckks.arith import Arith, ClearArith, Val
+from fhe.ckks.mixers import NoPolyLoweringError, poly_mixer
 from fhe.errors import FheError
 from models.config import Activation, InputKind, NormKind, TransformerConfig
 from models.fold import fold_norms
@@ -161,8 +162,6 @@ class PolyProgram:
 
     def _mixer(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
         """The token mixer, by the polynomial lowering registered for the model's kind (fhe/ckks/mixers/)."""
-        from fhe.ckks.mixers import poly_mixer
-
         return poly_mixer(self.config.attention)(self, ar, tag, key, x)
 
     def _inference_eps(self) -> float:
@@ -203,8 +202,6 @@ def check_model(config: TransformerConfig) -> None:
     if config.input_kind is InputKind.TOKENS:
         raise PolynomialError("token-id inputs: the embedding lookup has no polynomial form; the client would "
                               "have to embed its tokens before encryption (use a patch/feature-input task)")
-    from fhe.ckks.mixers import NoPolyLoweringError, poly_mixer
-
     try:
         poly_mixer(config.attention)
     except NoPolyLoweringError as exc:

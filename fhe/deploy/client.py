@@ -21,6 +21,7 @@ import numpy as np
 
 from fhe.deploy import wire
 from fhe.errors import FheError
+from quant.quantizer import Quantizer
 
 
 class ServiceError(FheError):
@@ -35,10 +36,11 @@ class Prediction:
 
 
 def quantize_input(meta: dict, x: np.ndarray) -> np.ndarray:
-    """The TFHE client's quantisation, from the artifact's metadata (inputs outside the range are clipped)."""
-    x = np.asarray(x, dtype=np.float64)
-    scale, zp = meta["input_scale"], meta["input_zero_point"]
-    return np.clip(np.round(x / scale) + zp, meta["input_qmin"], meta["input_qmax"]).astype(np.int64)
+    """The TFHE client's quantisation, from the artifact's metadata: the program's input quantizer
+    rebuilt (inputs outside its range are clipped)."""
+    qmin, qmax = meta["input_qmin"], meta["input_qmax"]
+    n_bits = (qmax - qmin + 1).bit_length() - 1
+    return Quantizer(meta["input_scale"], meta["input_zero_point"], n_bits, qmin < 0).quantize_np(x)
 
 
 class Client:

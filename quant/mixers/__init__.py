@@ -9,42 +9,30 @@ kind up here and nothing else in ``quant`` names a kind. Adding a kind: a module
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 
 from models.config import AttentionKind
+from models.registry import KindRegistry, import_modules
 
 MixerLowering = Callable  # (Lowering, nn.Module, QValue, str, TransformerConfig) -> (QValue, nn.Linear)
-_LOWERINGS: dict[AttentionKind, MixerLowering] = {}
+LOWERINGS: KindRegistry[MixerLowering] = KindRegistry("integer lowering")
+register_mixer = LOWERINGS.register
 
 
 class NoLoweringError(ValueError):
     """No lowering is registered for this attention kind under this backend."""
 
 
-def register_mixer(*kinds: AttentionKind) -> Callable[[MixerLowering], MixerLowering]:
-    def decorator(fn: MixerLowering) -> MixerLowering:
-        for kind in kinds:
-            if kind in _LOWERINGS:
-                raise ValueError(f"an integer lowering for {kind.value} is already registered")
-            _LOWERINGS[kind] = fn
-        return fn
-
-    return decorator
-
-
 def mixer_lowering(kind: AttentionKind) -> MixerLowering:
-    try:
-        return _LOWERINGS[AttentionKind(kind)]
-    except KeyError:
+    fn = LOWERINGS.get(kind)
+    if fn is None:
         raise NoLoweringError(f"no lowering registered for {AttentionKind(kind).value} under the integer program "
-                              "(TFHE)") from None
+                              "(TFHE)")
+    return fn
 
 
 def registered_mixers() -> list[AttentionKind]:
-    return list(_LOWERINGS)
+    return LOWERINGS.kinds()
 
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__)

@@ -17,7 +17,7 @@ def test_every_attention_kind_has_an_integer_lowering():
 
 
 def test_a_missing_integer_lowering_is_named(monkeypatch):
-    monkeypatch.delitem(quant_mixers._LOWERINGS, AttentionKind.INHIBITOR)
+    monkeypatch.delitem(quant_mixers.LOWERINGS.entries, AttentionKind.INHIBITOR)
     model = Transformer(TransformerConfig(seq_len=3, in_features=4, n_outputs=2, attention="inhibitor",
                                           d_model=4, n_heads=1, norm="none"))
     with pytest.raises(ExportError, match="no lowering registered for inhibitor under the integer program"):

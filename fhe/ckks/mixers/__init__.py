@@ -8,14 +8,14 @@ here; a kind without a lowering is refused before calibration with :class:`NoPol
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 
 from models.config import AttentionKind
+from models.registry import KindRegistry, import_modules
 
 PolyMixer = Callable  # (PolyProgram, Arith, str, str, Affine) -> Affine
-_LOWERINGS: dict[AttentionKind, PolyMixer] = {}
+LOWERINGS: KindRegistry[PolyMixer] = KindRegistry("polynomial lowering")
+register_poly_mixer = LOWERINGS.register
 
 # Why a kind has no polynomial lowering yet, and what to use instead (shown in the error).
 _MISSING = {
@@ -30,28 +30,17 @@ class NoPolyLoweringError(ValueError):
     """No polynomial lowering is registered for this attention kind."""
 
 
-def register_poly_mixer(*kinds: AttentionKind) -> Callable[[PolyMixer], PolyMixer]:
-    def decorator(fn: PolyMixer) -> PolyMixer:
-        for kind in kinds:
-            if kind in _LOWERINGS:
-                raise ValueError(f"a polynomial lowering for {kind.value} is already registered")
-            _LOWERINGS[kind] = fn
-        return fn
-
-    return decorator
-
-
 def poly_mixer(kind: AttentionKind) -> PolyMixer:
     kind = AttentionKind(kind)
-    if kind not in _LOWERINGS:
+    fn = LOWERINGS.get(kind)
+    if fn is None:
         why = f": {_MISSING[kind]}" if kind in _MISSING else ""
         raise NoPolyLoweringError(f"no lowering registered for {kind.value} under CKKS{why}")
-    return _LOWERINGS[kind]
+    return fn
 
 
 def registered_poly_mixers() -> list[AttentionKind]:
-    return list(_LOWERINGS)
+    return LOWERINGS.kinds()
 
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__)
