@@ -379,6 +379,9 @@ def fhe_options(fn):
         click.option("--max-degree", type=int, default=31, show_default=True, help="CKKS: activation degree cap."),
         click.option("--margin", type=float, default=0.2, show_default=True,
                      help="CKKS: widen calibrated intervals by this fraction of their width on each side."),
+        click.option("--layout", type=click.Choice(["batch", "packed"]), default="batch", show_default=True,
+                     help="CKKS: batch (samples in the SIMD slots: N/2 samples per run at the cost of one) or "
+                     "packed (one sample per ciphertext, rotations: the latency of one query)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -386,11 +389,11 @@ def fhe_options(fn):
 
 
 CKKS_OPTIONS = ("data_dir", "n_calib", "poly_modulus_degree", "scale_bits", "refresh", "reciprocal_tol",
-                "activation_tol", "max_degree", "margin")
+                "activation_tol", "max_degree", "margin", "layout")
 
 
 def _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
-                  activation_tol, max_degree, margin, simulate_only=False):
+                  activation_tol, max_degree, margin, layout="batch", simulate_only=False):
     from fhe.ckks import ApproxConfig, PolynomialError
     from fhe.ckks.approx import ApproximationError
     from fhe.ckks.planner import DepthError
@@ -401,14 +404,14 @@ def _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits
     n_calib = n_calib or 5000
     try:
         params = CkksParams(poly_modulus_degree=int(poly_modulus_degree) if poly_modulus_degree else None,
-                            scale_bits=scale_bits, refresh=refresh,
+                            scale_bits=scale_bits, refresh=refresh, layout=layout,
                             approx=ApproxConfig(reciprocal_tol=reciprocal_tol, activation_tol=activation_tol,
                                                 max_degree=max_degree, margin=margin))
         meta = _artifact_meta(model_path, ckpt)
         try:
             compiled = compile_model(ckpt.model, data.x_train[:n_calib], params, meta=meta)
         except DepthError as exc:
-            if not simulate_only:
+            if not simulate_only or layout == "packed":
                 raise
             click.echo(f"note: {str(exc).split(';')[0].split(' and TenSEAL')[0]}; simulating anyway "
                        "(no encryption), parameters planned with --refresh", err=True)
@@ -425,6 +428,8 @@ def print_ckks_report(rep: dict) -> None:
             ("security_bits", rep["security_bits"]), ("slots (samples per ciphertext)", rep["slots"]),
             ("client-assisted refresh", rep["client_assisted_refresh"]),
             ("program depth without refresh", rep["program_depth_without_refresh"])]
+    if rep["layout"] == "packed":
+        rows += [("rotation steps (one Galois key each)", len(rep["rotation_steps"]))]
     rows += [(f"ops.{k}", v) for k, v in rep["op_counts"].items()]
     rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
     rows += [(f"time.{k} (s)", f"{v:.3f}") for k, v in rep["timings_s"].items()]
@@ -526,10 +531,10 @@ def _report_and_save(compiled, print_fn, json_path, out_dir, server_label: str, 
 
 
 def _compile_ckks_cmd(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
-                      activation_tol, max_degree, margin, json_path, out_dir, no_run) -> None:
-    click.echo(f"compiling {model_path} for CKKS (polynomial program) ...")
+                      activation_tol, max_degree, margin, layout, json_path, out_dir, no_run) -> None:
+    click.echo(f"compiling {model_path} for CKKS (polynomial program, {layout} layout) ...")
     _, data, compiled = _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh,
-                                      reciprocal_tol, activation_tol, max_degree, margin)
+                                      reciprocal_tol, activation_tol, max_degree, margin, layout)
     if not no_run or out_dir:
         compiled.keygen()
     if not no_run:
@@ -580,10 +585,15 @@ def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
     import time
 
     from fhe.backends.ckks import CkksClient, CkksServer
+    from fhe.backends.ckks_packed import PackedClient, PackedServer
     from models.tasks import load_task
 
     try:
-        client, server = CkksClient(artifact_dir / "client"), CkksServer(artifact_dir / "server")
+        packed = json.loads((artifact_dir / "server" / "meta.json").read_text()).get("layout") == "packed"
+        if packed:
+            client, server = PackedClient(artifact_dir / "client"), PackedServer(artifact_dir / "server")
+        else:
+            client, server = CkksClient(artifact_dir / "client"), CkksServer(artifact_dir / "server")
     except (FileNotFoundError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     data = load_task(server.meta["task"], data_dir=data_dir, seq_len=server.meta["seq_len"],
@@ -591,8 +601,8 @@ def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
     if not 0 <= sample < len(data.x_test):
         raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}], got {sample}")
     start = time.perf_counter()
-    out = client.decrypt(server.run(client.encrypt(data.x_test[sample:sample + 1].numpy()),
-                                    client.refresh(server.context)))[0]
+    cts = client.encrypt(data.x_test[sample:sample + 1].numpy())
+    out = client.decrypt(server.run(cts) if packed else server.run(cts, client.refresh(server.context)))[0]
     click.echo(f"sample {sample}: label {int(data.y_test[sample])}, encrypted prediction {int(out.argmax())} "
                f"({time.perf_counter() - start:.1f} s, CKKS); logits {np.round(out, 3).tolist()}")
 
@@ -680,11 +690,11 @@ def batch(artifact_dir, n_samples, workers, ray_address, block, data_dir) -> Non
 
 
 def _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
-                  activation_tol, max_degree, margin, n_samples, mode, json_path) -> None:
+                  activation_tol, max_degree, margin, layout, n_samples, mode, json_path) -> None:
     from fhe.ckks.compare import compare_ckks
 
     _, data, compiled = _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh,
-                                      reciprocal_tol, activation_tol, max_degree, margin,
+                                      reciprocal_tol, activation_tol, max_degree, margin, layout,
                                       simulate_only=mode == "simulate")
     x, y = data.x_test[:n_samples], data.y_test[:n_samples].numpy()
     result = compare_ckks(compiled, x, y, execute=mode == "execute", progress=lambda m: click.echo(m, err=True))

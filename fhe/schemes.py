@@ -69,12 +69,20 @@ class TfheParams:
         return dataclasses.replace(self, **changes)
 
 
+class CkksLayout(str, Enum):
+    """Where a CKKS program puts its values (fhe/ckks/packing.py, fhe/ckks/program.py)."""
+
+    BATCH = "batch"  # SIMD over samples: one run costs the same for 1 or N/2 samples (throughput)
+    PACKED = "packed"  # one sample's activations in one ciphertext, rotations: the latency of one query
+
+
 @dataclass(frozen=True)
 class CkksParams:
     """CKKS settings (TenSEAL). ``poly_modulus_degree=None`` lets the planner pick the smallest N whose
     128-bit coefficient chain holds the program's depth. ``refresh`` opts in to the client-assisted
     refresh (the data owner decrypts and re-encrypts ciphertexts that ran out of levels): never implicit.
-    ``batch_size`` caps the samples packed per ciphertext (SIMD slots; N/2 at most)."""
+    ``batch_size`` caps the samples packed per ciphertext (SIMD slots; N/2 at most). ``layout``: batch
+    (samples in the slots) or packed (one sample per ciphertext, rotations; see :class:`CkksLayout`)."""
 
     poly_modulus_degree: int | None = None
     scale_bits: int = 40
@@ -82,8 +90,10 @@ class CkksParams:
     refresh: bool = False
     approx: ApproxConfig = field(default_factory=ApproxConfig)
     batch_size: int | None = None
+    layout: CkksLayout = None  # type: ignore[assignment]  # set in __post_init__
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "layout", CkksLayout(self.layout or CkksLayout.BATCH))
         if self.poly_modulus_degree is not None and self.poly_modulus_degree not in (4096, 8192, 16384, 32768):
             raise ValueError(f"poly_modulus_degree must be 4096, 8192, 16384 or 32768, got {self.poly_modulus_degree}")
         if not 20 <= self.scale_bits <= self.outer_bits <= 60:

@@ -23,7 +23,7 @@ from fhe.ckks.planner import CkksPlan, plan_parameters
 from fhe.ckks.program import PolyProgram, build_program
 from fhe.ckks.serialize import load_program, save_program
 from fhe.errors import KeysMissingError, SecretKeyLeakError
-from fhe.schemes import CkksParams, Scheme
+from fhe.schemes import CkksLayout, CkksParams, Scheme
 
 
 class CkksArith(Arith):
@@ -115,7 +115,12 @@ class CkksBackend:
 
     # ------------------------------------------------------------------ compile
     @classmethod
-    def compile(cls, model, calib_x, params: CkksParams, meta: dict | None = None) -> CkksBackend:
+    def compile(cls, model, calib_x, params: CkksParams, meta: dict | None = None):
+        """The batch layout's backend, or the packed one's for ``params.layout == packed``."""
+        if params.layout is CkksLayout.PACKED:
+            from fhe.backends.ckks_packed import PackedCkksBackend
+
+            return PackedCkksBackend.compile(model, calib_x, params, meta)
         start = time.perf_counter()
         program = build_program(model, calib_x, params.approx)
         plan, planned = plan_program(program, np.asarray(calib_x[:2], dtype=np.float64), params)
@@ -189,7 +194,9 @@ class CkksBackend:
     def report(self) -> dict:
         planned = self.planned
         rep = {
-            "scheme": "ckks", "seq_len": self.program.config.seq_len, "layout": "simd-batch",
+            "scheme": "ckks", "seq_len": self.program.config.seq_len, "layout": "batch",
+            "layout_reason": "batch: SIMD over samples, up to N/2 samples per run at the cost of one, no rotations "
+                             "(--layout packed: the latency of one query)",
             "depth": planned["depth"], "depth_per_tag": planned["level_after_tag"],
             "poly_modulus_degree": self.plan.poly_modulus_degree,
             "coeff_mod_bit_sizes": list(self.plan.coeff_mod_bit_sizes), "scale_bits": self.plan.scale_bits,

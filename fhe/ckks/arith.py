@@ -49,6 +49,7 @@ class Arith:
         self.timings_s: dict[str, float] = defaultdict(float)
         self.level_out: dict[str, int] = {}  # tag -> highest level a value reached in it
         self.level_in: dict[str, int] = {}  # tag -> level of the deepest operand entering it
+        self.rotation_steps: Counter = Counter()  # packed layout: rotations per step (one Galois key each)
 
     # ---------------------------------------------------------------- bookkeeping
     @contextmanager
@@ -134,6 +135,29 @@ class Arith:
             out = term if out is None else self.add(out, term)
         return self._out(self.add_scalar(out, bias).data, out.level)
 
+    # ------------------------------------------------------- packed layout (one sample in the slots)
+    def rotate(self, a: Val, step: int) -> Val:
+        """Slot i of the result holds slot i + step of ``a`` (cyclic over all slots): no level, one
+        key switch, and one Galois key per distinct step (counted here, so keys are known before keygen)."""
+        if step == 0:
+            return a
+        self._count("rotation")
+        self.rotation_steps[step] += 1
+        return self._out(self._rotate(a.data, step), a.level)
+
+    def dot_plain(self, vals: Sequence[Val], plains: Sequence[np.ndarray]) -> Val:
+        """Σ xᵢ ⊙ pᵢ with clear slot vectors pᵢ: one ct×pt product each, one rescale for the sum."""
+        vals = [self._ready(v) for v in vals]
+        self._count("ct_pt_mul", len(vals))
+        self._count("add", len(vals) - 1)
+        self._count("rescale")
+        level = max(v.level for v in vals) + 1
+        return self._out(self._dot_plain([v.data for v in vals], [v.level for v in vals], list(plains)), level)
+
+    def add_plain(self, a: Val, plain: np.ndarray) -> Val:
+        self._count("add")
+        return self._out(self._add_plain(a.data, plain), a.level)
+
     # ---------------------------------------------------------------- subclass hooks
     def _mul(self, a, b):
         raise NotImplementedError
@@ -156,6 +180,15 @@ class Arith:
     def _refresh(self, a):
         raise NotImplementedError
 
+    def _rotate(self, a, step: int):
+        raise NotImplementedError
+
+    def _dot_plain(self, datas: list, levels: list[int], plains: list[np.ndarray]):
+        raise NotImplementedError
+
+    def _add_plain(self, a, plain: np.ndarray):
+        raise NotImplementedError
+
     # ---------------------------------------------------------------- reporting
     def summary(self) -> dict:
         totals = Counter()
@@ -166,6 +199,7 @@ class Arith:
             "op_counts_per_tag": {t: {op: int(n) for op, n in c.items()} for t, c in self.counts.items()},
             "depth": max(self.level_out.values(), default=0),
             "level_after_tag": dict(self.level_out),
+            "rotation_steps": sorted(int(k) for k in self.rotation_steps),
         }
 
 
@@ -200,3 +234,12 @@ class ClearArith(Arith):
 
     def _refresh(self, a):
         return a
+
+    def _rotate(self, a, step):
+        return np.roll(a, -step, axis=-1)
+
+    def _dot_plain(self, datas, levels, plains):
+        return sum(d * p for d, p in zip(datas, plains, strict=True))
+
+    def _add_plain(self, a, plain):
+        return a + plain

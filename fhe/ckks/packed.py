@@ -1,0 +1,276 @@
+"""The polynomial program in the packed layout: one sample per ciphertext, answers one query.
+
+The same trained program as :mod:`fhe.ckks.program` (same weights, same calibrated approximations),
+evaluated on *one* sample whose activations fill the slots of a single ciphertext (layout in
+:mod:`fhe.ckks.packing`). Where the batch layout spends one ciphertext per scalar and gets N/2 samples
+per run, this one spends a handful of ciphertexts per sample: its latency is that of one query.
+
+Every linear layer is a clear matrix applied by the diagonal method (BSGS rotations); consecutive linear
+maps still compose lazily (:class:`~fhe.ckks.affine.Affine` over packed values), so a layer costs one
+level only where a product follows. PowerSoftmax attention (PowerSoftmax paper Eq. 7), for r = 0 … T'−1:
+
+    k_r = rot(k, r·C')            key (t + r) mod T' beside query t: a rotation, no level
+    s_r = HeadSum(q ⊙ k_r)        Σ over each head's channels, broadcast back: one map, one level
+    a   = ε/D + Σ_r s_rᵖ          the length-agnostic denominator (1/L and 1/D folded into W_q)
+    o   = (Σ_r s_rᵖ ⊙ rot(v, r·C')) ⊙ Goldschmidt(a)
+
+so the whole attention is 2T' ct×ct products, one Goldschmidt on one ciphertext and T' head sums.
+Mean pooling sums the position blocks by rotations (log₂ T') before the head's matrix.
+
+The clear run (numpy slot vectors, :class:`~fhe.ckks.arith.ClearArith`) is the planner: depth, every
+operation and the set of rotation steps (the Galois keys the server needs) are known before keygen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fhe.ckks import approx as A
+from fhe.ckks.affine import Affine, per_position
+from fhe.ckks.arith import Arith, ClearArith, Val
+from fhe.ckks.packing import Layout, LinearMap, PVec, Rotations, apply_maps, linear_map, pow2, rotate_and_sum
+from fhe.ckks.program import PolynomialError, PolyProgram
+from models.config import Activation, AttentionKind, NormKind
+
+PACKED_KINDS = (AttentionKind.POWER_SOFTMAX, AttentionKind.ACTIVATOR, AttentionKind.GEGLU_ONLY)
+
+
+def check_packed(program: PolyProgram) -> None:
+    """Refuse, with the way out, what the packed layout does not lower yet."""
+    cfg = program.config
+    if cfg.attention not in PACKED_KINDS:
+        raise PolynomialError(f"the packed layout has no lowering for {cfg.attention.value} attention yet "
+                              f"(packed: {', '.join(k.value for k in PACKED_KINDS)}); use --layout batch")
+    if cfg.norm is NormKind.LAYERNORM:
+        raise PolynomialError("the packed layout does not lower LayerNorm yet; use --layout batch, or train with "
+                              "--norm batchnorm / none")
+
+
+def stride_of(program: PolyProgram) -> int:
+    """One stride for every activation: the widest channel count, to the next power of two."""
+    cfg = program.config
+    widths = [cfg.in_features, cfg.d_model, cfg.n_outputs]
+    widths += [v.shape[0] for k, v in program.weights.items() if k.endswith(("fc1.weight", "up_value.weight"))]
+    return pow2(max(widths))
+
+
+def min_slots(program: PolyProgram) -> int:
+    """Slots one activation block needs (T'·stride); packed attention needs T' blocks (see PackedProgram)."""
+    return pow2(program.config.seq_len) * stride_of(program)
+
+
+class PackedProgram:
+    """``program`` on one sample packed into ``n_slots`` slots (N/2)."""
+
+    def __init__(self, program: PolyProgram, n_slots: int) -> None:
+        check_packed(program)
+        if n_slots < min_slots(program):
+            raise ValueError(f"the packed program needs {min_slots(program)} slots, got {n_slots}")
+        self.program, self.n_slots = program, n_slots
+        cfg = program.config
+        self.T, self.stride = cfg.seq_len, stride_of(program)
+        self.block = pow2(self.T) * self.stride  # one activation: T' positions of `stride` slots
+        # all T' relative offsets of the attention side by side, one block each, when they fit
+        self.attention_period = pow2(self.T) * self.block
+        self.pack_attention = self.attention_period <= n_slots
+        self.input_layout = self.layout(cfg.in_features)
+        self.output_layout = Layout(1, cfg.n_outputs, self.stride, self.block)
+        self._maps: dict[tuple, LinearMap] = {}
+        self._biases: dict[tuple, np.ndarray] = {}  # placed once: encoded plaintexts are cached by identity
+        self.plain_cache: dict = {}  # SealArith's encoded plaintexts of this program (see fhe/ckks/seal.py)
+
+    def layout(self, channels: int) -> Layout:
+        return Layout(self.T, channels, self.stride, self.block)
+
+    # ------------------------------------------------------------------ client side
+    def encode_input(self, x: np.ndarray) -> np.ndarray:
+        """One sample (T, F) → its replicated slot vector."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape != (self.T, self.program.config.in_features):
+            raise ValueError(f"the packed program takes one sample of shape ({self.T}, "
+                             f"{self.program.config.in_features}), got {x.shape}")
+        return self.input_layout.place(x.reshape(-1), self.n_slots)
+
+    def decode_output(self, slots: np.ndarray) -> np.ndarray:
+        return self.output_layout.read(slots)
+
+    # ------------------------------------------------------------------ evaluation
+    def forward(self, ar: Arith, x: Val) -> Val:
+        """The encoded sample → the logits' slot vector (read with :meth:`decode_output`)."""
+        cfg, w, T = self.program.config, self.program.weights, self.T
+        rot = Rotations(ar)
+        xin = PVec(x, self.input_layout)
+        with ar.stage("embed"):
+            h = Affine([(xin, per_position(w["embed.weight"], T))],
+                       np.tile(w["embed.bias"], T) + w["pos"][:T].reshape(-1))
+        for i in range(cfg.n_layers):
+            pre, key = f"block{i}", f"blocks.{i}"
+            h = h + self._mixer(ar, rot, pre, f"{key}.mixer", h)
+            if cfg.has_ffn:
+                h = h + self._ffn(ar, rot, f"{pre}.ffn", f"{key}.ffn", h)
+        with ar.stage("head"):
+            return self._head(ar, rot, h)
+
+    def clear(self, x: np.ndarray, ar: ClearArith | None = None) -> np.ndarray:
+        """The clear packed program, sample by sample: (B, T, F) → (B, n_outputs)."""
+        x = np.asarray(x, dtype=np.float64)
+        outs = []
+        for sample in x.reshape(-1, *x.shape[-2:]):
+            a = ar or ClearArith()
+            outs.append(self.decode_output(self.forward(a, a.encode(self.encode_input(sample))).data))
+        return np.stack(outs)
+
+    # ------------------------------------------------------------------ building blocks
+    def _map(self, key: tuple, m: np.ndarray, src: Layout, dst: Layout) -> LinearMap:
+        if key not in self._maps:
+            self._maps[key] = linear_map(m, src, dst, self.n_slots)
+        return self._maps[key]
+
+    def _bias(self, key: tuple, bias: np.ndarray, dst: Layout) -> np.ndarray:
+        if key not in self._biases:
+            self._biases[key] = dst.place(bias, self.n_slots)
+        return self._biases[key]
+
+    def _materialize(self, ar: Arith, rot: Rotations, name: str, aff: Affine, dst: Layout) -> PVec:
+        terms = [(x.val, self._map((name, j), m, x.layout, dst)) for j, (x, m) in enumerate(aff.terms)]
+        return PVec(apply_maps(ar, terms, self._bias((name,), aff.bias, dst), rot, self.n_slots), dst)
+
+    def _mixer(self, ar: Arith, rot: Rotations, tag: str, key: str, h: Affine) -> Affine:
+        if self.program.config.attention is AttentionKind.POWER_SOFTMAX:
+            return self._power_softmax(ar, rot, f"{tag}.attention", key, h)
+        return self._geglu(ar, rot, f"{tag}.geglu", key, h)
+
+    def _power_softmax(self, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
+        """Length-agnostic PowerSoftmax (Eq. 7) with Goldschmidt 1/x, as in the batch lowering.
+
+        Packed attention (when T' blocks fit the slots): the head sums of all T' offsets land in one
+        ciphertext, block r holding offset r, so the powers, the denominator (a sum over blocks by
+        rotations) and the attention-weighted values each cost one product, not T'."""
+        prog, T, S = self.program, self.T, self.stride
+        cfg, w = prog.config, prog.weights
+        C, H, dh, p = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.power_p
+        op = prog.ops[f"{tag}.reciprocal"]
+        D = op["scale"]
+        cq = 1 / (np.sqrt(dh) * (T * D) ** (1 / p))  # 1/√d, Eq. 7's 1/L and Goldschmidt's 1/D, folded
+        lay = self.layout(C)
+        with ar.stage(f"{tag}.qkv"):
+            q = self._materialize(ar, rot, f"{key}.q", x.apply(per_position(w[f"{key}.q_proj.weight"], T) * cq,
+                                                               np.tile(w[f"{key}.q_proj.bias"], T) * cq), lay)
+            k = self._materialize(ar, rot, f"{key}.k", x.apply(per_position(w[f"{key}.k_proj.weight"], T),
+                                                               np.tile(w[f"{key}.k_proj.bias"], T)), lay)
+            v = self._materialize(ar, rot, f"{key}.v", x.apply(per_position(w[f"{key}.v_proj.weight"], T),
+                                                               np.tile(w[f"{key}.v_proj.bias"], T)), lay)
+        sums = np.kron(np.eye(T * H), np.ones((dh, dh)))  # Σ over a head's channels, broadcast back
+        shifts = range(pow2(T))  # T' relative positions, padding included
+        packed, n_blocks = self.pack_attention, pow2(T)
+        with ar.stage(f"{tag}.scores"):
+            prods = [ar.mul(q.val, kr) for kr in self._shifted(ar, k.val)]  # q_t · k_{(t+r) mod T'}
+            if packed and dh == pow2(dh):
+                # Σ over each head's channels lands on its first channel (log₂ dh rotations); one masked sum
+                # keeps those slots, offset r in block r; broadcasting back to the head is rotations again
+                heads = [rotate_and_sum(ar, pr, 1, dh) for pr in prods]
+                s = [rotate_and_sum(ar, ar.dot_plain(heads, self._head_masks()), -1, dh, self.n_slots)]
+            elif packed:  # heads of other widths: the head sums as maps into block r
+                dst = [Layout(T, C, S, self.attention_period, offset=r * self.block) for r in shifts]
+                s = [apply_maps(ar, [(pr, self._map(("head_sum", r), sums, lay, dst[r]))
+                                     for r, pr in zip(shifts, prods, strict=True)], None, rot, self.n_slots)]
+            else:
+                s = [apply_maps(ar, [(pr, self._map(("head_sum",), sums, lay, lay))], None, rot, self.n_slots)
+                     for pr in prods]
+            del prods
+        with ar.stage(f"{tag}.power"):
+            sp = [A.power_even(ar, sr, p) for sr in s]  # (s/L')ᵖ / D
+        del s
+        with ar.stage(f"{tag}.reciprocal"):
+            total = rotate_and_sum(ar, sp[0], self.block, n_blocks) if packed else ar.sum(sp)
+            a = ar.add_scalar(total, prog._inference_eps() / D)
+            y = A.goldschmidt_reciprocal(ar, a, op["iterations"])
+        with ar.stage(f"{tag}.values"):
+            if packed:  # v_all: block r holds v rotated by r positions (masks: one level, off the critical path)
+                masks = self._masks(n_blocks)
+                v_all = ar.dot_plain(self._shifted(ar, v.val), masks)
+                num = rotate_and_sum(ar, ar.mul(sp[0], v_all), self.block, n_blocks)
+            else:
+                num = ar.sum([ar.mul(spr, vr) for vr, spr in zip(self._shifted(ar, v.val), sp, strict=True)])
+            o = ar.mul(num, y)
+        return Affine([(PVec(o, lay), per_position(w[f"{key}.out_proj.weight"], T))],
+                      np.tile(w[f"{key}.out_proj.bias"], T))
+
+    def _shifted(self, ar: Arith, x: Val) -> list[Val]:
+        """x rotated by r positions, r = 0 … T'−1, as a chain of one-position rotations (one Galois key)."""
+        out = [x]
+        for _ in range(pow2(self.T) - 1):
+            out.append(ar.rotate(out[-1], self.stride))
+        return out
+
+    def _head_masks(self) -> list[np.ndarray]:
+        """Mask r: the first channel of every head and real position, in block r of the attention period."""
+        if ("head_masks",) not in self._biases:
+            cfg = self.program.config
+            first = np.zeros((self.T, cfg.d_model))
+            first[:, ::cfg.d_head] = 1.0
+            self._biases[("head_masks",)] = [
+                Layout(self.T, cfg.d_model, self.stride, self.attention_period, offset=r * self.block)
+                .place(first.reshape(-1), self.n_slots) for r in range(pow2(self.T))]
+        return self._biases[("head_masks",)]
+
+    def _masks(self, n_blocks: int) -> list[np.ndarray]:
+        """Block r of the packed-attention period, as 0/1 slot vectors (kept: plaintexts are cached)."""
+        if ("masks",) not in self._biases:
+            period = self.attention_period
+            self._biases[("masks",)] = [np.tile((np.arange(period) // self.block == r).astype(float),
+                                                self.n_slots // period) for r in range(n_blocks)]
+        return self._biases[("masks",)]
+
+    def _geglu(self, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
+        """Activator / GEGLU-only unit (Activator paper Eqs. 8-10) without LayerNorm: down(up₁x ⊙ GELU(up₂x))."""
+        w, T = self.program.weights, self.T
+        hidden = w[f"{key}.up_value.weight"].shape[0]
+        lay = self.layout(hidden)
+        u = x.apply(per_position(w[f"{key}.up_value.weight"], T), np.tile(w[f"{key}.up_value.bias"], T))
+        g = x.apply(per_position(w[f"{key}.up_gate.weight"], T), np.tile(w[f"{key}.up_gate.bias"], T))
+        gate = self._activation(ar, rot, f"{tag}.gelu", g, lay, Activation.GELU)
+        with ar.stage(f"{tag}.gate"):
+            prod = ar.mul(self._materialize(ar, rot, f"{key}.up_value", u, lay).val, gate.val)
+        return Affine([(PVec(prod, lay), per_position(w[f"{key}.down.weight"], T))],
+                      np.tile(w[f"{key}.down.bias"], T))
+
+    def _ffn(self, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
+        w, T, cfg = self.program.weights, self.T, self.program.config
+        lay = self.layout(w[f"{key}.fc1.weight"].shape[0])
+        u = x.apply(per_position(w[f"{key}.fc1.weight"], T), np.tile(w[f"{key}.fc1.bias"], T))
+        act = self._activation(ar, rot, f"{tag}.{cfg.ffn_activation.value}", u, lay, cfg.ffn_activation)
+        return Affine([(act, per_position(w[f"{key}.fc2.weight"], T))], np.tile(w[f"{key}.fc2.bias"], T))
+
+    def _activation(self, ar: Arith, rot: Rotations, name: str, u: Affine, lay: Layout, kind: Activation) -> PVec:
+        """GELU (x·q(t), Eq. 10) or ReLU (p(t)), t = (u − mid)/half folded into u's matrices."""
+        op = self.program.ops[name]
+        fit = A.PolyFit(tuple(op["coeffs"]), op["mid"], op["half"], op["max_error"])
+        with ar.stage(name):
+            t = self._materialize(ar, rot, name, u.apply(np.eye(u.size) / op["half"], -op["mid"] / op["half"]), lay)
+            out = A.gelu_eval(ar, t.val, fit) if kind is Activation.GELU else A.poly_eval(ar, t.val, fit.coeffs)
+        return PVec(out, lay, clean=lay.size == lay.period)
+
+    def _head(self, ar: Arith, rot: Rotations, h: Affine) -> Val:
+        """head(mean over positions of h) = Σ_t (head·W/T) h_t: each position-wise term through the head's
+        matrix per position first (it reads the terms' cached baby-step rotations), then one sum over
+        the position blocks by rotations."""
+        w, T, S = self.program.weights, self.T, self.stride
+        cfg = self.program.config
+        C, n_out = cfg.d_model, cfg.n_outputs
+        head, per_pos = w["head.weight"], Layout(T, n_out, S, self.block)
+        local, pooled = [], []
+        for j, (x, m) in enumerate(h.terms):
+            cin = x.layout.channels
+            blk = m[:C, :cin]
+            if m.shape == (T * C, T * cin) and np.allclose(m, per_position(blk, T)):
+                local.append((x.val, self._map(("head", j), per_position(head @ blk / T, T), x.layout, per_pos)))
+            else:  # any other linear map: the head and the mean as one dense map
+                pool = np.tile(np.eye(C), T) / T
+                pooled.append((x.val, self._map(("head", j), head @ pool @ m, x.layout, self.output_layout)))
+        bias = self._bias(("head",), head @ (np.tile(np.eye(C), T) / T) @ h.bias + w["head.bias"], self.output_layout)
+        out = rotate_and_sum(ar, apply_maps(ar, local, None, rot, self.n_slots), S, pow2(T)) if local else None
+        if pooled:
+            rest = apply_maps(ar, pooled, None, rot, self.n_slots)
+            out = rest if out is None else ar.add(out, rest)
+        return ar.add_plain(out, bias)

@@ -1,0 +1,193 @@
+"""The packed CKKS layout: layouts and BSGS maps against dense numpy, the clear packed program against the
+batch program (the same function through rotations and masks), the plan, and real SEAL runs."""
+
+import numpy as np
+import pytest
+import tenseal as ts
+import torch
+from ckks_models import tiny
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fhe.backends.ckks_packed import PackedClient, PackedServer
+from fhe.ckks import ApproxConfig, ClearArith, PolynomialError, build_program
+from fhe.ckks.packed import PackedProgram
+from fhe.ckks.packing import Layout, Rotations, apply_maps, linear_map, rotate_and_sum
+from fhe.errors import FheError
+from fhe.harness import compile_model
+from fhe.schemes import CkksParams
+
+LOOSE = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
+
+
+# ------------------------------------------------------------------------------ layouts and maps
+@settings(max_examples=40, deadline=None)
+@given(t=st.integers(1, 6), cin=st.integers(1, 5), cout=st.integers(1, 7), stride_extra=st.integers(0, 1),
+       seed=st.integers(0, 2**16))
+def test_linear_map_equals_the_dense_matrix(t, cin, cout, stride_extra, seed):
+    rng = np.random.default_rng(seed)
+    stride = max(8, 1 << max(cin, cout).bit_length()) << stride_extra
+    src, dst = Layout(t, cin, stride), Layout(t, cout, stride)
+    m = rng.normal(size=(dst.size, src.size)) * (rng.random((dst.size, src.size)) < 0.6)
+    x = rng.normal(size=src.size)
+    n_slots = 4 * max(src.period, dst.period)
+    ar = ClearArith()
+    out = apply_maps(ar, [(ar.encode(src.place(x, n_slots)), linear_map(m, src, dst, n_slots))],
+                     dst.place(np.ones(dst.size), n_slots), Rotations(ar), n_slots)
+    np.testing.assert_allclose(dst.read(out.data), m @ x + 1, atol=1e-12)
+    np.testing.assert_allclose(out.data, dst.place(m @ x + 1, n_slots), atol=1e-12)  # replicated, zero padding
+    assert out.level == 1  # one level whatever the number of diagonals
+
+
+def test_position_wise_maps_need_few_diagonals_and_rotations():
+    w = np.random.default_rng(0).normal(size=(16, 8))
+    src, dst = Layout(8, 8, 32), Layout(8, 16, 32)
+    lm = linear_map(np.kron(np.eye(8), w), src, dst, 1024)
+    assert lm.n_diagonals <= 8 + 16 - 1  # c − o only: not T'·stride
+    ar = ClearArith()
+    apply_maps(ar, [(ar.encode(src.place(np.ones(src.size), 1024)), lm)], None, Rotations(ar), 1024)
+    assert ar.summary()["op_counts"]["rotation"] <= 2 * int(np.ceil(np.sqrt(lm.n_diagonals))) + 2
+
+
+def test_rotate_and_sum_both_directions():
+    ar = ClearArith()
+    x = ar.encode(np.arange(16.0))
+    fwd = rotate_and_sum(ar, x, 1, 4).data
+    assert fwd[0] == 0 + 1 + 2 + 3 and fwd[13] == 13 + 14 + 15 + 0
+    back = rotate_and_sum(ar, x, -1, 4, 16).data
+    assert back[3] == 0 + 1 + 2 + 3 and back[0] == 0 + 15 + 14 + 13
+    with pytest.raises(ValueError, match="power-of-two"):
+        rotate_and_sum(ar, x, 1, 3)
+
+
+def test_layout_round_trip_and_bad_layouts():
+    lay = Layout(3, 5)
+    assert (lay.stride, lay.period) == (8, 32)
+    v = np.arange(15.0)
+    slots = lay.place(v, 128)
+    np.testing.assert_array_equal(lay.read(slots), v)
+    assert slots[5:8].tolist() == [0, 0, 0] and np.array_equal(slots[:32], slots[32:64])
+    with pytest.raises(ValueError, match="invalid layout"):
+        Layout(3, 5, stride=4)
+    with pytest.raises(ValueError, match="invalid layout"):
+        Layout(3, 5, 8, 32, offset=16)
+
+
+# ------------------------------------------------------------------------------ the packed program
+CASES = {
+    "power-softmax": dict(),
+    "odd-T-and-widths": dict(seq_len=5, in_features=3, d_model=6, n_heads=2),  # padding, 3-wide heads
+    "T'=16, 4 heads": dict(seq_len=9, d_model=8, n_heads=4),
+    "two-layers": dict(n_layers=2, seq_len=6, d_model=8),
+    "geglu-only": dict(attention="geglu-only"),
+    "activator": dict(attention="activator", seq_len=3),
+}
+
+
+@pytest.mark.parametrize("overrides", CASES.values(), ids=CASES.keys())
+def test_packed_clear_program_equals_the_batch_program(overrides):
+    model = tiny(**overrides)
+    cfg = model.config
+    x = np.random.default_rng(1).normal(size=(40, cfg.seq_len, cfg.in_features))
+    program = build_program(model, x)
+    packed = PackedProgram(program, 4096)
+    np.testing.assert_allclose(packed.clear(x[:6]), program.clear(x[:6]), atol=1e-9)
+
+
+def test_packed_attention_and_per_offset_attention_agree():
+    """When the T' offsets do not fit the slots side by side, attention runs offset by offset."""
+    program = build_program(tiny(), np.random.default_rng(2).normal(size=(40, 4, 3)))
+    side_by_side, one_by_one = PackedProgram(program, 4096), PackedProgram(program, 32)
+    assert side_by_side.pack_attention and not one_by_one.pack_attention
+    x = np.random.default_rng(3).normal(size=(5, 4, 3))
+    np.testing.assert_allclose(side_by_side.clear(x), one_by_one.clear(x), atol=1e-9)
+    ar_a, ar_b = ClearArith(), ClearArith()
+    side_by_side.forward(ar_a, ar_a.encode(side_by_side.encode_input(x[0])))
+    one_by_one.forward(ar_b, ar_b.encode(one_by_one.encode_input(x[0])))
+    assert ar_a.summary()["op_counts"]["ct_ct_mul"] < ar_b.summary()["op_counts"]["ct_ct_mul"]
+
+
+def test_packed_refuses_what_it_does_not_lower():
+    x = np.random.default_rng(0).normal(size=(30, 4, 3))
+    with pytest.raises(PolynomialError, match="LayerNorm"):
+        PackedProgram(build_program(tiny(norm="layernorm"), x), 4096)
+    program = build_program(tiny(), x)
+    with pytest.raises(ValueError, match="one sample of shape"):
+        PackedProgram(program, 4096).encode_input(x[:2])
+    with pytest.raises(FheError, match="refresh"):
+        compile_model(tiny(), torch.from_numpy(x), CkksParams(layout="packed", refresh=True))
+
+
+# ------------------------------------------------------------------------------ encrypted (SEAL)
+@pytest.fixture(scope="module")
+def packed_geglu():
+    calib = torch.randn(300, 4, 3, dtype=torch.float64)
+    cm = compile_model(tiny(attention="geglu-only"), calib, CkksParams(approx=LOOSE, layout="packed"))
+    cm.keygen()
+    return cm
+
+
+def test_packed_encrypted_run_matches_the_clear_program(packed_geglu):
+    cm = packed_geglu
+    x = torch.randn(3, 4, 3, dtype=torch.float64).numpy()
+    enc, clear = cm.encrypt_run_decrypt(x), cm.clear(x)
+    assert enc.shape == clear.shape == (3, 3)
+    assert np.max(np.abs(enc - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
+    rep = cm.report()
+    assert rep["layout"] == "packed" and "one query" in rep["layout_reason"]
+    assert rep["poly_modulus_degree"] == 16384 and rep["op_counts"]["rotation"] > 0
+    assert rep["galois_keys_count"] == len(rep["rotation_steps"]) > 0
+    assert rep["key_sizes_bytes"]["galois_keys"] > 0
+    # the planner's counts are the encrypted run's counts
+    assert cm.backend.last_run["op_counts"] == rep["op_counts"]
+    assert cm.backend.last_run["depth"] == rep["depth"]
+
+
+def test_packed_artifacts_run_and_hold_no_secret_key(packed_geglu, tmp_path):
+    cm = packed_geglu
+    paths = cm.save(tmp_path, include_secret_key=True)
+    assert not (paths["client"] / "program.npz").exists()  # the client gets layouts, not the weights
+    server = PackedServer(paths["server"])
+    assert server.context.is_public() and not server.context.has_secret_key()
+    ctx = cm.backend.client_ctx
+    bare = ctx.serialize(save_public_key=False, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
+    with_sk = ctx.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
+                            save_relin_keys=False)
+    secret = [with_sk[i:i + 64] for i in range(0, len(with_sk) - 64, 997) if with_sk[i:i + 64] not in bare]
+    assert len(secret) > 10
+    server_bytes = b"".join(p.read_bytes() for p in paths["server"].iterdir())
+    assert all(w in (paths["client"] / "context.secret").read_bytes() for w in secret)
+    assert not any(w in server_bytes for w in secret)
+    client = PackedClient(paths["client"])
+    x = torch.randn(2, 4, 3, dtype=torch.float64).numpy()
+    out = client.decrypt(server.run(client.encrypt(x)))
+    np.testing.assert_allclose(out, cm.clear(x), atol=1e-3)
+    assert isinstance(ts.context_from((paths["server"] / "context.public").read_bytes()), ts.Context)
+
+
+def test_galois_key_memory_formula_bounds_the_saved_keys(packed_geglu, tmp_path):
+    rep = packed_geglu.report()
+    saved = packed_geglu.save(tmp_path, include_secret_key=False)["server"] / "galois.keys"
+    on_disk = saved.stat().st_size  # SEAL's compressed serialisation
+    assert 0.5 * rep["key_sizes_bytes"]["galois_keys"] < on_disk <= 1.01 * rep["key_sizes_bytes"]["galois_keys"]
+
+
+def test_cli_compiles_and_runs_a_packed_model(tmp_path):
+    from click.testing import CliRunner
+
+    from fhe.cli import main
+
+    model = tmp_path / "g.pt"
+    res = CliRunner().invoke(main, ["train", "--task", "digits", "--attention", "geglu-only", "--norm", "none",
+                                    "--d-model", "4", "--epochs", "1", "--quiet", "-o", str(model)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["compile", str(model), "--scheme", "ckks", "--layout", "packed", "--calib", "500",
+                                    "--activation-tol", "0.05", "--json", str(tmp_path / "r.json"),
+                                    "--out", str(tmp_path / "art")])
+    assert res.exit_code == 0, res.output
+    assert "packed layout" in res.output and "rotation steps" in res.output
+    err = float(res.output.split("max |error|")[1].split()[0])
+    assert err < 1e-2
+    res = CliRunner().invoke(main, ["run", str(tmp_path / "art"), "--sample", "3"])
+    assert res.exit_code == 0, res.output
+    assert "encrypted prediction" in res.output
