@@ -208,6 +208,23 @@ def relu_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
     return chebyshev_fit(lambda x: np.maximum(x, 0.0), lo, hi, tol, max_degree, name="ReLU")
 
 
+def abs_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
+    """|x| with error ≤ tol · max|x| on the interval (the Inhibitor's Manhattan distances, Eq. 5)."""
+    return chebyshev_fit(np.abs, lo, hi, tol * max(abs(lo), abs(hi)), max_degree, name="|x|")
+
+
+def inhibit_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
+    """ReLU with error ≤ tol · max|x| (the Inhibitor's (·)⁺ of Eqs. 5-7, on intervals far wider than 1)."""
+    return chebyshev_fit(lambda x: np.maximum(x, 0.0), lo, hi, tol * max(abs(lo), abs(hi)), max_degree,
+                         name="ReLU (inhibition)")
+
+
+def exp_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
+    """exp with *relative* error ≤ tol (softmax's numerators; the division normalises the scale)."""
+    return chebyshev_fit(np.exp, lo, hi, tol, max_degree, error_fn=lambda x, p: (p - np.exp(x)) / np.exp(x),
+                         name="exp")
+
+
 def poly_eval(ar: Arith, t: Val, coeffs: tuple[float, ...]) -> Val:
     """Σ cₖ tᵏ: powers by a binary tree (tᵏ at depth ⌈log₂ k⌉), then one clear-weighted sum (+1 level)."""
     powers: dict[int, Val] = {1: t}

@@ -123,7 +123,9 @@ class PolyProgram:
             return {"kind": kind, "calibrated": [lo, hi], "scale": hi_w, "interval": [lo_w / hi_w, 1.0],
                     "iterations": n, "guess": A.invsqrt_guess(lo_w / hi_w, 1.0)}
         lo_w, hi_w = A.widen(lo, hi, ap.margin)
-        fit = (A.gelu_fit if kind == "gelu" else A.relu_fit)(lo_w, hi_w, ap.activation_tol, ap.max_degree)
+        fitter = {"gelu": A.gelu_fit, "relu": A.relu_fit, "abs": A.abs_fit, "inhibit": A.inhibit_fit,
+                  "exp": A.exp_fit}[kind]
+        fit = fitter(lo_w, hi_w, ap.activation_tol, ap.max_degree)
         return {"kind": kind, "calibrated": [lo, hi], "interval": [-1.0, 1.0], "coeffs": list(fit.coeffs),
                 "mid": fit.mid, "half": fit.half, "degree": fit.degree, "max_error": fit.max_error}
 
@@ -173,6 +175,21 @@ class PolyProgram:
         u = x.apply(per_position(w[f"{key}.fc1.weight"], T), np.tile(w[f"{key}.fc1.bias"], T))
         act = self._activation(ar, f"{tag}.{self.config.ffn_activation.value}", u, self.config.ffn_activation)
         return Affine([(act, per_position(w[f"{key}.fc2.weight"], T))], np.tile(w[f"{key}.fc2.bias"], T))
+
+    def approximate(self, ar: Arith, name: str, t: list[Val], exact, scale: float = 1.0) -> list[Val]:
+        """``scale`` × the approximation ``name`` of values t already mapped to [−1, 1] by its mid/half (the
+        caller folds the map into a linear layer): the exact function while calibrating."""
+        calibrating = self._calibrating(name, ar)
+        self._observe(ar, name, t)  # calibration: the raw range (identity map); later: t against [−1, 1]
+        if calibrating:
+            return [Val(scale * exact(ti.data), ti.level) for ti in t]
+        coeffs = tuple(scale * c for c in self.ops[name]["coeffs"])
+        return [A.poly_eval(ar, ti, coeffs) for ti in t]
+
+    def fit_map(self, name: str) -> tuple[float, float]:
+        """(mid, half) of an approximation's interval: t = (x − mid)/half (identity while calibrating)."""
+        op = self.ops.get(name)
+        return (op["mid"], op["half"]) if op else (0.0, 1.0)
 
     def _activation(self, ar: Arith, name: str, u: Affine, kind: Activation) -> list[Val]:
         """GELU (x·q(t), Eq. 10) or ReLU (p(t)) with t = (u − mid)/half folded into u's weights."""

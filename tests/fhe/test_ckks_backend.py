@@ -55,6 +55,21 @@ def test_power_softmax_runs_encrypted_with_a_labelled_refresh():
     assert rep["timings_s"]["run"] > 0 and "stage.block0.attention.scores" in rep["timings_s"]
 
 
+@pytest.mark.parametrize("kind", ["dot-product", "dct", "inhibitor"])
+def test_every_kind_runs_encrypted(kind):
+    """exp and Goldschmidt (dot-product, DCT-Former) and the Inhibitor's |x| and ReLU polynomials, encrypted
+    (N = 8192 with labelled refreshes keeps the run to seconds), against the clear polynomial program."""
+    overrides = {"seq_len": 3, "d_model": 2, "n_heads": 1} if kind == "inhibitor" else {}
+    model = tiny(attention=kind, **overrides)
+    calib = torch.randn(300, model.config.seq_len, 3, dtype=torch.float64)
+    cm = compile_model(model, calib, CkksParams(approx=LOOSE, poly_modulus_degree=8192, refresh=True))
+    x = torch.randn(32, model.config.seq_len, 3, dtype=torch.float64).numpy()
+    cm.keygen()
+    enc, clear = cm.encrypt_run_decrypt(x), cm.clear(x)
+    assert np.max(np.abs(enc - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
+    assert (enc.argmax(1) == clear.argmax(1)).mean() >= 0.95
+
+
 @pytest.mark.slow
 def test_power_softmax_runs_encrypted_non_interactively_at_n32768():
     rep = assert_matches_clear(compiled(tiny(power_eps=0.5)))

@@ -130,11 +130,28 @@ def test_polynomial_program_tracks_the_float_model():
         program.clear(10 * test.numpy(), ClearArith(strict=True))
 
 
-@pytest.mark.parametrize("kind,match", [("dot-product", "softmax"), ("inhibitor", "--scheme tfhe"),
-                                        ("dct", "DCT")])
-def test_models_without_a_polynomial_form_fail_clearly(kind, match):
-    with pytest.raises(PolynomialError, match=match):
-        build_program(tiny(attention=kind), torch.randn(8, 4, 3))
+@pytest.mark.parametrize("kind,tol", [("dot-product", 0.01), ("dct", 0.01), ("inhibitor", 0.15),
+                                      ("signed-inhibitor", 0.15)])
+def test_every_attention_kind_has_a_polynomial_program_close_to_the_float_model(kind, tol):
+    """exp + Goldschmidt for softmax (and DCT-Former's clear sequence maps), |x| and ReLU polynomials for the
+    Inhibitor: the clear polynomial program against the float model on inputs like the calibration's."""
+    model = tiny(attention=kind)
+    calib, test = torch.randn(400, 4, 3, dtype=torch.float64), torch.randn(100, 4, 3, dtype=torch.float64)
+    program = build_program(model, calib, ApproxConfig(activation_tol=0.02))
+    with torch.no_grad():
+        want = model(test).numpy()
+    got = program.clear(test.numpy())
+    assert np.max(np.abs(got - want)) < tol * max(1.0, np.abs(want).max())
+    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
+    kinds = {op["kind"] for op in program.ops.values()}
+    assert kinds >= ({"exp", "reciprocal"} if kind in ("dot-product", "dct") else {"abs", "inhibit"})
+
+
+def test_dct_ideal_form_is_refused():
+    from fhe.errors import FheError
+
+    with pytest.raises(FheError, match="evaluation only"):
+        build_program(tiny(attention="dct", dct_ideal=True), torch.randn(8, 4, 3))
 
 
 def test_token_inputs_fail_clearly():

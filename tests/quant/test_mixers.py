@@ -24,7 +24,13 @@ def test_a_missing_integer_lowering_is_named(monkeypatch):
         export(model, torch.rand(8, 3, 4), QuantConfig(n_bits=4))
 
 
-def test_a_missing_polynomial_lowering_is_named_with_the_alternative():
-    assert AttentionKind.POWER_SOFTMAX in registered_poly_mixers()
+def test_every_attention_kind_has_a_polynomial_lowering():
+    assert set(registered_poly_mixers()) == set(AttentionKind)
+
+
+def test_a_missing_polynomial_lowering_is_named_with_the_alternative(monkeypatch):
+    from fhe.ckks import mixers as poly_mixers
+
+    monkeypatch.delitem(poly_mixers.LOWERINGS.entries, AttentionKind.INHIBITOR)
     with pytest.raises(NoPolyLoweringError, match="no lowering registered for inhibitor under CKKS.*--scheme tfhe"):
         poly_mixer(AttentionKind.INHIBITOR)

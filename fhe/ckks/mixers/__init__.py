@@ -17,13 +17,8 @@ PolyMixer = Callable  # (PolyProgram, Arith, str, str, Affine) -> Affine
 LOWERINGS: KindRegistry[PolyMixer] = KindRegistry("polynomial lowering")
 register_poly_mixer = LOWERINGS.register
 
-# Why a kind has no polynomial lowering yet, and what to use instead (shown in the error).
-_MISSING = {
-    AttentionKind.DOT_PRODUCT: "softmax's exp and row max (use --attention power-softmax, or --scheme tfhe)",
-    AttentionKind.INHIBITOR: "the Inhibitor's |x| and ReLU (table lookups: use --scheme tfhe)",
-    AttentionKind.SIGNED_INHIBITOR: "the signed Inhibitor's |x| and ReLU (table lookups: use --scheme tfhe)",
-    AttentionKind.DCT: "DCT-Former's softmax (use --scheme tfhe, or train with --attention power-softmax)",
-}
+# What to use instead when a kind has no polynomial lowering (shown in the error).
+_ALTERNATIVE = "use --scheme tfhe, or train with --attention power-softmax"
 
 
 class NoPolyLoweringError(ValueError):
@@ -34,8 +29,7 @@ def poly_mixer(kind: AttentionKind) -> PolyMixer:
     kind = AttentionKind(kind)
     fn = LOWERINGS.get(kind)
     if fn is None:
-        why = f": {_MISSING[kind]}" if kind in _MISSING else ""
-        raise NoPolyLoweringError(f"no lowering registered for {kind.value} under CKKS{why}")
+        raise NoPolyLoweringError(f"no lowering registered for {kind.value} under CKKS: {_ALTERNATIVE}")
     return fn
 
 
