@@ -602,7 +602,7 @@ def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
         raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}], got {sample}")
     start = time.perf_counter()
     cts = client.encrypt(data.x_test[sample:sample + 1].numpy())
-    out = client.decrypt(server.run(cts) if packed else server.run(cts, client.refresh(server.context)))[0]
+    out = client.decrypt(server.run(cts, client.refresh(server.context)))[0]
     click.echo(f"sample {sample}: label {int(data.y_test[sample])}, encrypted prediction {int(out.argmax())} "
                f"({time.perf_counter() - start:.1f} s, CKKS); logits {np.round(out, 3).tolist()}")
 
@@ -716,18 +716,35 @@ def _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits
 @click.option("--repeats", type=int, default=3, show_default=True, help="Encrypted runs per circuit (median).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path("reports"), show_default=True,
               help="Folder for the Markdown, JSON and PNG (benchmarks/tfhe_attention.py writes benchmarks/results).")
-@click.option("--stem", default="tfhe_attention", show_default=True)
-def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem) -> None:
-    """Sweep single-head attention circuits over sequence lengths: PBS, bit widths, crypto parameters,
-    keygen and encrypted run time (Markdown, JSON and a PNG plot)."""
-
-    from circuits.report import write
-    from circuits.sweep import sweep
-
+@click.option("--stem", default=None, help="File name stem (default tfhe_attention / ckks_attention).")
+@click.option("--scheme", type=click.Choice(SCHEMES), default="tfhe", show_default=True,
+              help="ckks: one-block models per kind and T, both layouts (depth, operations, keys, latency).")
+@click.option("--layouts", default="batch,packed", show_default=True, help="CKKS: layouts to plan.")
+def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem, scheme, layouts) -> None:
+    """Sweep attention over sequence lengths: TFHE single-head circuits (PBS, bit widths, crypto parameters,
+    keygen and encrypted run time) or, with --scheme ckks, one-block models per attention kind (depth,
+    operations, Galois keys, estimated latency; --mode execute runs the packed ones). Markdown, JSON, PNG."""
     try:
         lens = [int(t) for t in seq_lens.split(",")]
     except ValueError:
         raise click.UsageError(f"--seq-lens must be a comma-separated list of integers, got {seq_lens!r}") from None
+    if scheme == "ckks":
+        from circuits import ckks_sweep
+
+        kinds = variants.split(",") if variants != "inhibitor,dot-product" else list(ckks_sweep.KINDS)
+        bad = [k for k in kinds if k not in ckks_sweep.KINDS]
+        if bad:
+            raise click.UsageError(f"--variants for CKKS: {', '.join(ckks_sweep.KINDS)}; got {', '.join(bad)}")
+        reps = ckks_sweep.sweep(kinds, lens, tuple(layouts.split(",")), execute=mode == "execute",
+                                progress=lambda m: click.echo(f"  {m} ...", err=True))
+        paths = ckks_sweep.write(reps, out_dir, stem or "ckks_attention", "fhe " + " ".join(sys.argv[1:]))
+        click.echo(paths["md"].read_text())
+        click.echo(f"wrote {paths['md']}, {paths['json']}, {paths['png']}")
+        return
+    from circuits.report import write
+    from circuits.sweep import sweep
+
+    stem = stem or "tfhe_attention"
     try:
         names = variants.split(",")
         reports = sweep(names, lens, d, n_bits, lut_bits or None, execute=mode == "execute", repeats=repeats,

@@ -213,6 +213,12 @@ class CkksBackend:
             rep["batch"] = getattr(self, "_batch", None)
         return rep
 
+    def _artifact_meta(self) -> dict:
+        return {"plan": self.plan.to_dict()}
+
+    def _save_server_extras(self, server: Path) -> None:
+        """Layout-specific server files (the packed layout's Galois keys)."""
+
     def save(self, directory, include_secret_key: bool = False) -> dict:
         """server/: public context + program; client/: context with the secret key (on request)."""
         self._require_keys()
@@ -221,7 +227,8 @@ class CkksBackend:
         server.mkdir(parents=True, exist_ok=True)
         (server / "context.public").write_bytes(self.server_ctx.serialize(save_secret_key=False))
         save_program(self.program, server)
-        meta = {**self.meta, "plan": self.plan.to_dict()}
+        self._save_server_extras(server)
+        meta = {**self.meta, **self._artifact_meta()}
         (server / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         paths = {"server": server}
         if include_secret_key:

@@ -8,26 +8,22 @@ rotation steps, for which exactly one Galois key each is made. The server gets t
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
-import tenseal as ts
 import tenseal.sealapi as sa
 import torch
 
-from fhe.artifacts import verify
-from fhe.backends.ckks import make_context, public_context
+from fhe.backends.ckks import CkksBackend, CkksClient, CkksServer
 from fhe.ckks.arith import ClearArith, Val
 from fhe.ckks.packed import PackedProgram, check_packed, min_slots
 from fhe.ckks.packing import Layout
 from fhe.ckks.planner import MAX_COEFF_BITS_128, CkksPlan, DepthError, max_depth, plan_parameters
 from fhe.ckks.program import PolyProgram, build_program
-from fhe.ckks.seal import SealArith, SealCodec, ciphertext_bytes, galois_keys_memory, make_galois_keys
-from fhe.ckks.serialize import load_program, save_program
-from fhe.errors import FheError, KeysMissingError
-from fhe.schemes import CkksParams, Scheme
+from fhe.ckks.seal import SealArith, SealCodec, galois_keys_memory, make_galois_keys
+from fhe.errors import FheError
+from fhe.schemes import CkksParams
 
 WHY = ("packed: one sample's activations in the slots of one ciphertext, linear maps by BSGS rotations; "
        "latency of one query (--layout batch: N/2 samples per run at the cost of one)")
@@ -51,19 +47,15 @@ def plan_packed(program: PolyProgram, x: np.ndarray, params: CkksParams) -> tupl
     raise DepthError(f"the packed program needs {min_slots(program)} slots, more than N = {sizes[-1]} has")
 
 
-class PackedCkksBackend:
-    scheme = Scheme.CKKS
+class PackedCkksBackend(CkksBackend):
+    """The batch backend's keys, report and artifacts, with the packed program, Galois keys and SEAL runs."""
+
     layout = "packed"
 
     def __init__(self, program: PolyProgram, params: CkksParams, plan: CkksPlan, planned: dict, meta: dict) -> None:
-        self.program, self.params, self.plan, self.planned, self.meta = program, params, plan, planned, meta
+        super().__init__(program, params, plan, planned, meta)
         self.packed = PackedProgram(program, plan.slots)
-        self.client_ctx: ts.Context | None = None
-        self.server_ctx: ts.Context | None = None
         self.galois_keys = None
-        self.timings_s: dict[str, float] = {}
-        self.key_sizes_bytes: dict[str, int] = {}
-        self.last_run: dict = {}
 
     @classmethod
     def compile(cls, model, calib_x, params: CkksParams, meta: dict | None = None) -> PackedCkksBackend:
@@ -81,28 +73,16 @@ class PackedCkksBackend:
 
     # ------------------------------------------------------------------ keys
     def keygen(self, force: bool = False) -> None:
+        """The batch backend's context, plus one Galois key per planned rotation step."""
         if self.client_ctx is not None and not force:
             return
         start = time.perf_counter()
-        ctx = make_context(self.plan.poly_modulus_degree, self.plan.coeff_mod_bit_sizes, self.plan.scale_bits)
-        self.galois_keys = make_galois_keys(ctx, self.rotation_steps, self.plan.poly_modulus_degree)
-        self.client_ctx, self.server_ctx = ctx, public_context(ctx)
+        super().keygen(force=True)
+        self.galois_keys = make_galois_keys(self.client_ctx, self.rotation_steps, self.plan.poly_modulus_degree)
         self.timings_s["keygen"] = time.perf_counter() - start
-        public = len(ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
-                                   save_relin_keys=False))
-        with_relin = len(ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
-                                       save_relin_keys=True))
-        with_secret = len(ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False,
-                                        save_relin_keys=False))
-        self.key_sizes_bytes = {"public_context": public, "relin_keys": with_relin - public,
-                                "secret_key": with_secret - public,
-                                "galois_keys": galois_keys_memory(len(self.rotation_steps),
-                                                                  self.plan.poly_modulus_degree,
-                                                                  len(self.plan.coeff_mod_bit_sizes))}
-
-    def _require_keys(self) -> None:
-        if self.client_ctx is None:
-            raise KeysMissingError("no CKKS keys yet: call keygen() first")
+        self.key_sizes_bytes["galois_keys"] = galois_keys_memory(len(self.rotation_steps),
+                                                                 self.plan.poly_modulus_degree,
+                                                                 len(self.plan.coeff_mod_bit_sizes))
 
     # ------------------------------------------------------------------ client side
     def encrypt(self, x: np.ndarray | torch.Tensor) -> list:
@@ -139,94 +119,52 @@ class PackedCkksBackend:
             self.last_run = {"stages_s": dict(ar.timings_s), **ar.summary()}
         return out
 
-    def encrypt_run_decrypt(self, x) -> np.ndarray:
-        return self.decrypt(self.run(self.encrypt(x)))
-
-    def simulate(self, x) -> np.ndarray:
-        """The clear polynomial program (exact arithmetic; CKKS noise is not modelled)."""
-        return self.program.clear(np.asarray(x, dtype=np.float64))
-
     def simulate_packed(self, x) -> np.ndarray:
         """The clear *packed* program: the same function through the layout, rotations and masks."""
         return self.packed.clear(np.asarray(x, dtype=np.float64))
 
     # ------------------------------------------------------------------ report and artifacts
     def report(self) -> dict:
-        planned = self.planned
-        rep = {
-            "scheme": "ckks", "seq_len": self.program.config.seq_len, "layout": "packed", "layout_reason": WHY,
-            "depth": planned["depth"], "depth_per_tag": planned["level_after_tag"],
-            "poly_modulus_degree": self.plan.poly_modulus_degree,
-            "coeff_mod_bit_sizes": list(self.plan.coeff_mod_bit_sizes), "scale_bits": self.plan.scale_bits,
-            "security_bits": self.plan.security_bits, "slots": self.plan.slots, "client_assisted_refresh": False,
-            "program_depth_without_refresh": planned["depth"],
-            "op_counts": planned["op_counts"], "op_counts_per_tag": planned["op_counts_per_tag"],
-            "rotation_steps": list(self.rotation_steps), "galois_keys_count": len(self.rotation_steps),
-            "approximations": {k: {a: b for a, b in v.items() if a != "coeffs"} for k, v in self.program.ops.items()},
-            "key_sizes_bytes": dict(self.key_sizes_bytes),
-            "timings_s": {**self.timings_s, **{f"stage.{k}": v for k, v in self.last_run.get("stages_s", {}).items()}},
-            **{k: v for k, v in self.meta.items() if k in ("task", "model_path")},
-        }
-        if self.last_run:
-            rep["batch"] = getattr(self, "_batch", None)
+        rep = super().report()
+        rep.update(layout="packed", layout_reason=WHY, rotation_steps=list(self.rotation_steps),
+                   galois_keys_count=len(self.rotation_steps))
         return rep
 
-    def save(self, directory, include_secret_key: bool = False) -> dict:
-        """server/: public context, Galois keys, program; client/: the context with the secret key."""
-        self._require_keys()
-        directory = Path(directory)
-        server, client = directory / "server", directory / "client"
-        server.mkdir(parents=True, exist_ok=True)
-        (server / "context.public").write_bytes(self.server_ctx.serialize(save_secret_key=False))
-        self.galois_keys.save(str(server / "galois.keys"))
-        save_program(self.program, server)
+    def _artifact_meta(self) -> dict:
         cfg = self.program.config
-        meta = {**self.meta, "layout": "packed", "plan": self.plan.to_dict(), "rotation_steps": self.rotation_steps,
+        return {"layout": "packed", "plan": self.plan.to_dict(), "rotation_steps": self.rotation_steps,
                 "io": {"seq_len": cfg.seq_len, "in_features": cfg.in_features, "n_outputs": cfg.n_outputs,
                        "stride": self.packed.stride, "block": self.packed.block}}
-        (server / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-        paths = {"server": server}
-        if include_secret_key:
-            client.mkdir(parents=True, exist_ok=True)
-            (client / "context.secret").write_bytes(self.client_ctx.serialize(save_secret_key=True))
-            (client / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
-            paths["client"] = client
-        return paths
+
+    def _save_server_extras(self, server: Path) -> None:
+        self.galois_keys.save(str(server / "galois.keys"))
 
 
-class PackedServer:
-    """The server side from ``save()``'s server/ folder (no secret key)."""
+class PackedServer(CkksServer):
+    """The server side from ``save()``'s server/ folder (no secret key), with its Galois keys."""
 
     def __init__(self, directory) -> None:
-        directory = Path(directory)
-        verify(directory, "server")
-        self.context = ts.context_from((directory / "context.public").read_bytes())
-        if self.context.has_secret_key():
-            raise RuntimeError(f"{directory} holds a secret key: refusing to serve from it")
-        self.meta = json.loads((directory / "meta.json").read_text())
-        plan = self.meta["plan"]
-        self.scale_bits, self.depth = plan["scale_bits"], plan["max_depth"]
-        self.packed = PackedProgram(load_program(directory), plan["slots"])
+        super().__init__(directory)
+        self.packed = PackedProgram(self.program, self.plan["slots"])
         self.galois_keys = sa.GaloisKeys()
-        self.galois_keys.load(self.context.seal_context().data, str(directory / "galois.keys"))
+        self.galois_keys.load(self.context.seal_context().data, str(Path(directory) / "galois.keys"))
 
-    def run(self, cts: list) -> list:
+    def run(self, cts: list, refresh_fn=None) -> list:
+        """One query per ciphertext; the packed layout never refreshes (``refresh_fn`` is ignored)."""
         out = []
         for ct in cts:
-            ar = SealArith(self.context, self.galois_keys, self.scale_bits, self.depth, self.packed.plain_cache)
+            ar = SealArith(self.context, self.galois_keys, self.plan["scale_bits"], self.plan["max_depth"],
+                           self.packed.plain_cache)
             out.append(self.packed.forward(ar, Val(ct, 0)).data)
         return out
 
 
-class PackedClient:
+class PackedClient(CkksClient):
     """The data owner from ``save()``'s client/ folder: the secret context and the input/output layouts
     (not the model's weights)."""
 
     def __init__(self, directory) -> None:
-        directory = Path(directory)
-        verify(directory, "client")
-        self.context = ts.context_from((directory / "context.secret").read_bytes())
-        self.meta = json.loads((directory / "meta.json").read_text())
+        super().__init__(directory)
         plan, io = self.meta["plan"], self.meta["io"]
         self.slots = plan["slots"]
         self.input_layout = Layout(io["seq_len"], io["in_features"], io["stride"], io["block"])
@@ -240,7 +178,3 @@ class PackedClient:
 
     def decrypt(self, cts: list) -> np.ndarray:
         return np.stack([self.output_layout.read(self.codec.decrypt(ct)) for ct in cts])
-
-
-def ciphertexts_bytes(cts: list) -> int:
-    return sum(len(ciphertext_bytes(ct)) for ct in cts)

@@ -28,11 +28,13 @@ import numpy as np
 from fhe.ckks import approx as A
 from fhe.ckks.affine import Affine, per_position
 from fhe.ckks.arith import Arith, ClearArith, Val
+from fhe.ckks.mixers.softmax import dct_matrix
 from fhe.ckks.packing import Layout, LinearMap, PVec, Rotations, apply_maps, linear_map, pow2, rotate_and_sum
 from fhe.ckks.program import PolynomialError, PolyProgram
 from models.config import Activation, AttentionKind, NormKind
 
-PACKED_KINDS = (AttentionKind.POWER_SOFTMAX, AttentionKind.ACTIVATOR, AttentionKind.GEGLU_ONLY)
+PACKED_KINDS = (AttentionKind.POWER_SOFTMAX, AttentionKind.DOT_PRODUCT, AttentionKind.DCT, AttentionKind.ACTIVATOR,
+                AttentionKind.GEGLU_ONLY)
 
 
 def check_packed(program: PolyProgram) -> None:
@@ -136,65 +138,81 @@ class PackedProgram:
         return PVec(apply_maps(ar, terms, self._bias((name,), aff.bias, dst), rot, self.n_slots), dst)
 
     def _mixer(self, ar: Arith, rot: Rotations, tag: str, key: str, h: Affine) -> Affine:
-        if self.program.config.attention is AttentionKind.POWER_SOFTMAX:
-            return self._power_softmax(ar, rot, f"{tag}.attention", key, h)
-        return self._geglu(ar, rot, f"{tag}.geglu", key, h)
+        if self.program.config.attention in (AttentionKind.ACTIVATOR, AttentionKind.GEGLU_ONLY):
+            return self._geglu(ar, rot, f"{tag}.geglu", key, h)
+        return self._attention(ar, rot, f"{tag}.attention", key, h)
 
-    def _power_softmax(self, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
-        """Length-agnostic PowerSoftmax (Eq. 7) with Goldschmidt 1/x, as in the batch lowering.
+    def _attention(self, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
+        """PowerSoftmax (Eq. 7), or softmax with exp by polynomial (dot-product; DCT-Former on its n̄
+        compressed positions, D̄ and D̄ᵀ folded into the projections), with Goldschmidt 1/x, as in the batch
+        lowerings (fhe/ckks/mixers/).
 
         Packed attention (when T' blocks fit the slots): the head sums of all T' offsets land in one
-        ciphertext, block r holding offset r, so the powers, the denominator (a sum over blocks by
-        rotations) and the attention-weighted values each cost one product, not T'."""
+        ciphertext, block r holding offset r, so the score function, the denominator (a sum over blocks
+        by rotations) and the attention-weighted values each cost one product, not T'."""
         prog, T, S = self.program, self.T, self.stride
         cfg, w = prog.config, prog.weights
         C, H, dh, p = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.power_p
-        op = prog.ops[f"{tag}.reciprocal"]
-        D = op["scale"]
-        cq = 1 / (np.sqrt(dh) * (T * D) ** (1 / p))  # 1/√d, Eq. 7's 1/L and Goldschmidt's 1/D, folded
-        lay = self.layout(C)
+        power = cfg.attention is AttentionKind.POWER_SOFTMAX
+        seq = dct_matrix(T, min(cfg.dct_n_bar or max(1, T // 2), T)) if cfg.attention is AttentionKind.DCT \
+            else np.eye(T)
+        n = seq.shape[0]
+        rec = prog.ops[f"{tag}.reciprocal"]
+        D = rec["scale"]
+        if power:
+            cq, shift = 1 / (np.sqrt(dh) * (T * D) ** (1 / p)), 0.0  # 1/√d, Eq. 7's 1/L, Goldschmidt's 1/D
+        else:
+            exp = prog.ops[f"{tag}.scores.exp"]
+            cq, shift = 1 / (np.sqrt(dh) * exp["half"]), -exp["mid"] / exp["half"]  # t = (s − mid)/half
+        lay, seq_map = Layout(n, C, S, self.block), np.kron(seq, np.eye(C))
+
+        def proj(name: str, scale: float) -> PVec:
+            m = seq_map @ per_position(w[f"{key}.{name}.weight"], T) * scale
+            return self._materialize(ar, rot, f"{key}.{name}", x.apply(m, seq_map @ np.tile(w[f"{key}.{name}.bias"],
+                                                                                         T) * scale), lay)
+
         with ar.stage(f"{tag}.qkv"):
-            q = self._materialize(ar, rot, f"{key}.q", x.apply(per_position(w[f"{key}.q_proj.weight"], T) * cq,
-                                                               np.tile(w[f"{key}.q_proj.bias"], T) * cq), lay)
-            k = self._materialize(ar, rot, f"{key}.k", x.apply(per_position(w[f"{key}.k_proj.weight"], T),
-                                                               np.tile(w[f"{key}.k_proj.bias"], T)), lay)
-            v = self._materialize(ar, rot, f"{key}.v", x.apply(per_position(w[f"{key}.v_proj.weight"], T),
-                                                               np.tile(w[f"{key}.v_proj.bias"], T)), lay)
-        sums = np.kron(np.eye(T * H), np.ones((dh, dh)))  # Σ over a head's channels, broadcast back
-        shifts = range(pow2(T))  # T' relative positions, padding included
-        packed, n_blocks = self.pack_attention, pow2(T)
+            q, k, v = proj("q_proj", cq), proj("k_proj", 1.0), proj("v_proj", 1.0)
+        sums = np.kron(np.eye(n * H), np.ones((dh, dh)))  # Σ over a head's channels, broadcast back
+        n_blocks = self.block // S  # T' relative positions, padding included
+        shifts, packed = range(n_blocks), self.pack_attention
         with ar.stage(f"{tag}.scores"):
             prods = [ar.mul(q.val, kr) for kr in self._shifted(ar, k.val)]  # q_t · k_{(t+r) mod T'}
             if packed and dh == pow2(dh):
                 # Σ over each head's channels lands on its first channel (log₂ dh rotations); one masked sum
                 # keeps those slots, offset r in block r; broadcasting back to the head is rotations again
                 heads = [rotate_and_sum(ar, pr, 1, dh) for pr in prods]
-                s = [rotate_and_sum(ar, ar.dot_plain(heads, self._head_masks()), -1, dh, self.n_slots)]
+                s = [rotate_and_sum(ar, ar.dot_plain(heads, self._head_masks(n)), -1, dh, self.n_slots)]
             elif packed:  # heads of other widths: the head sums as maps into block r
-                dst = [Layout(T, C, S, self.attention_period, offset=r * self.block) for r in shifts]
+                dst = [Layout(n, C, S, self.attention_period, offset=r * self.block) for r in shifts]
                 s = [apply_maps(ar, [(pr, self._map(("head_sum", r), sums, lay, dst[r]))
                                      for r, pr in zip(shifts, prods, strict=True)], None, rot, self.n_slots)]
             else:
                 s = [apply_maps(ar, [(pr, self._map(("head_sum",), sums, lay, lay))], None, rot, self.n_slots)
                      for pr in prods]
             del prods
-        with ar.stage(f"{tag}.power"):
-            sp = [A.power_even(ar, sr, p) for sr in s]  # (s/L')ᵖ / D
+        with ar.stage(f"{tag}.power" if power else f"{tag}.exp"):
+            if power:
+                e = [A.power_even(ar, sr, p) for sr in s]  # (s/L')ᵖ / D; a padding key scores 0, adds 0
+                pad = 0.0
+            else:  # exp(s)/D; a padding key scores s = 0, adding the constant p(t(0))/D to each row sum
+                coeffs = tuple(c / D for c in exp["coeffs"])
+                e = [A.poly_eval(ar, ar.add_scalar(sr, shift), coeffs) for sr in s]
+                pad = (n_blocks - n) * float(np.polynomial.polynomial.polyval(shift, coeffs))
         del s
         with ar.stage(f"{tag}.reciprocal"):
-            total = rotate_and_sum(ar, sp[0], self.block, n_blocks) if packed else ar.sum(sp)
-            a = ar.add_scalar(total, prog._inference_eps() / D)
-            y = A.goldschmidt_reciprocal(ar, a, op["iterations"])
+            total = rotate_and_sum(ar, e[0], self.block, n_blocks) if packed else ar.sum(e)
+            a = ar.add_scalar(total, (prog._inference_eps() if power else 0.0) / D - pad)
+            y = A.goldschmidt_reciprocal(ar, a, rec["iterations"])
         with ar.stage(f"{tag}.values"):
             if packed:  # v_all: block r holds v rotated by r positions (masks: one level, off the critical path)
-                masks = self._masks(n_blocks)
-                v_all = ar.dot_plain(self._shifted(ar, v.val), masks)
-                num = rotate_and_sum(ar, ar.mul(sp[0], v_all), self.block, n_blocks)
+                v_all = ar.dot_plain(self._shifted(ar, v.val), self._masks(n_blocks))
+                num = rotate_and_sum(ar, ar.mul(e[0], v_all), self.block, n_blocks)
             else:
-                num = ar.sum([ar.mul(spr, vr) for vr, spr in zip(self._shifted(ar, v.val), sp, strict=True)])
+                num = ar.sum([ar.mul(er, vr) for vr, er in zip(self._shifted(ar, v.val), e, strict=True)])
             o = ar.mul(num, y)
-        return Affine([(PVec(o, lay), per_position(w[f"{key}.out_proj.weight"], T))],
-                      np.tile(w[f"{key}.out_proj.bias"], T))
+        out = per_position(w[f"{key}.out_proj.weight"], T) @ seq_map.T  # D̄ᵀ (DCT-Former), then the projection
+        return Affine([(PVec(o, lay), out)], np.tile(w[f"{key}.out_proj.bias"], T))
 
     def _shifted(self, ar: Arith, x: Val) -> list[Val]:
         """x rotated by r positions, r = 0 … T'−1, as a chain of one-position rotations (one Galois key)."""
@@ -203,16 +221,17 @@ class PackedProgram:
             out.append(ar.rotate(out[-1], self.stride))
         return out
 
-    def _head_masks(self) -> list[np.ndarray]:
-        """Mask r: the first channel of every head and real position, in block r of the attention period."""
-        if ("head_masks",) not in self._biases:
+    def _head_masks(self, n: int) -> list[np.ndarray]:
+        """Mask r: the first channel of every head and real position (n of them), in block r of the
+        attention period."""
+        if ("head_masks", n) not in self._biases:
             cfg = self.program.config
-            first = np.zeros((self.T, cfg.d_model))
+            first = np.zeros((n, cfg.d_model))
             first[:, ::cfg.d_head] = 1.0
-            self._biases[("head_masks",)] = [
-                Layout(self.T, cfg.d_model, self.stride, self.attention_period, offset=r * self.block)
-                .place(first.reshape(-1), self.n_slots) for r in range(pow2(self.T))]
-        return self._biases[("head_masks",)]
+            self._biases[("head_masks", n)] = [
+                Layout(n, cfg.d_model, self.stride, self.attention_period, offset=r * self.block)
+                .place(first.reshape(-1), self.n_slots) for r in range(self.block // self.stride)]
+        return self._biases[("head_masks", n)]
 
     def _masks(self, n_blocks: int) -> list[np.ndarray]:
         """Block r of the packed-attention period, as 0/1 slot vectors (kept: plaintexts are cached)."""

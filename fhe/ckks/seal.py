@@ -7,13 +7,10 @@ After each rescale the scale is set back to 2^scale_bits (the primes are within 
 approximation TenSEAL makes); operands are mod-switched to the deeper one's level before they meet.
 
 The keys come from a TenSEAL context (public, relinearisation and secret keys); the Galois keys are
-made here from its secret key and travel as SEAL's own serialisation.
+made here from its secret key and saved in SEAL's own serialisation (``GaloisKeys.save/load``).
 """
 
 from __future__ import annotations
-
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import tenseal as ts
@@ -35,45 +32,12 @@ def make_galois_keys(ctx: ts.Context, steps, poly_modulus_degree: int) -> sa.Gal
     return keys
 
 
-def _to_bytes(obj) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:  # sealapi saves to files
-        path = Path(tmp) / "obj"
-        obj.save(str(path))
-        return path.read_bytes()
-
-
-def galois_keys_bytes(keys: sa.GaloisKeys) -> bytes:
-    return _to_bytes(keys)
-
-
 def galois_keys_memory(n_keys: int, poly_modulus_degree: int, n_primes: int) -> int:
     """Bytes the server holds for ``n_keys`` Galois keys: each is one key-switching key, a ciphertext
     of 2 polynomials over all ``n_primes`` primes per data prime (n_primes − 1 of them), 8 bytes a
     coefficient. (SEAL's zstd serialisation, what is uploaded, is ~0.7x that; measuring it means
     compressing GBs, so the report computes this instead.)"""
     return n_keys * (n_primes - 1) * 2 * n_primes * poly_modulus_degree * 8
-
-
-def galois_keys_from_bytes(ctx: ts.Context, data: bytes) -> sa.GaloisKeys:
-    keys = sa.GaloisKeys()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "keys"
-        path.write_bytes(data)
-        keys.load(ctx.seal_context().data, str(path))
-    return keys
-
-
-def ciphertext_bytes(ct: sa.Ciphertext) -> bytes:
-    return _to_bytes(ct)
-
-
-def ciphertext_from_bytes(ctx: ts.Context, data: bytes) -> sa.Ciphertext:
-    ct = sa.Ciphertext()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "ct"
-        path.write_bytes(data)
-        ct.load(ctx.seal_context().data, str(path))
-    return ct
 
 
 class SealCodec:

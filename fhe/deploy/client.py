@@ -52,6 +52,10 @@ class Client:
         if (client_dir / "context.secret").exists():
             from fhe.backends.ckks import CkksClient
 
+            if json.loads((client_dir / "meta.json").read_text()).get("layout") == "packed":
+                raise FheError("packed-layout CKKS artifacts are not served yet: use `fhe run`, or compile with "
+                               "--layout batch")
+
             self.scheme, self.local = "ckks", CkksClient(client_dir)
         else:
             from fhe.backends.tfhe import TfheClient

@@ -103,6 +103,10 @@ class CkksRuntime:
 
         self.ts = ts
         self.folder = folder
+        if json.loads((folder / "meta.json").read_text()).get("layout") == "packed":
+            raise FheError("fhe serve does not serve packed-layout CKKS artifacts yet (its Galois keys and SEAL "
+                           "ciphertexts have no wire format here); run them with `fhe run`, or compile with "
+                           "--layout batch to serve")
         self.server = CkksServer(folder)
         if self.server.plan["client_assisted_refresh"]:
             raise FheError("this CKKS program needs client-assisted refreshes, which a one-request service cannot "

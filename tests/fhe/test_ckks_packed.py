@@ -79,6 +79,9 @@ CASES = {
     "odd-T-and-widths": dict(seq_len=5, in_features=3, d_model=6, n_heads=2),  # padding, 3-wide heads
     "T'=16, 4 heads": dict(seq_len=9, d_model=8, n_heads=4),
     "two-layers": dict(n_layers=2, seq_len=6, d_model=8),
+    "dot-product": dict(attention="dot-product"),
+    "dot-product, T=5 (padding keys)": dict(attention="dot-product", seq_len=5),
+    "dct": dict(attention="dct", seq_len=6),
     "geglu-only": dict(attention="geglu-only"),
     "activator": dict(attention="activator", seq_len=3),
 }
@@ -191,3 +194,14 @@ def test_cli_compiles_and_runs_a_packed_model(tmp_path):
     res = CliRunner().invoke(main, ["run", str(tmp_path / "art"), "--sample", "3"])
     assert res.exit_code == 0, res.output
     assert "encrypted prediction" in res.output
+
+
+def test_packed_artifacts_are_refused_by_the_service_with_the_way_out(packed_geglu, tmp_path):
+    from fhe.deploy.client import Client
+    from fhe.deploy.runtime import load_runtime
+
+    paths = packed_geglu.save(tmp_path, include_secret_key=True)
+    with pytest.raises(FheError, match="--layout batch"):
+        load_runtime(paths["server"])
+    with pytest.raises(FheError, match="fhe run"):
+        Client(paths["client"])

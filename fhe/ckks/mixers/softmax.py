@@ -15,12 +15,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from fhe.ckks import approx as A
 from fhe.ckks.affine import Affine, per_position
 from fhe.ckks.arith import Arith, Val
 from fhe.ckks.mixers import register_poly_mixer
 from fhe.errors import FheError
+from models.attention import functional as AF
 from models.config import AttentionKind
 
 
@@ -40,11 +42,8 @@ def lower_dct(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
 
 
 def dct_matrix(n: int, m: int) -> np.ndarray:
-    """The first m rows of the orthonormal DCT-II of size n (models.attention.functional.dct_matrix)."""
-    k, j = np.arange(m)[:, None], np.arange(n)[None, :]
-    d = np.cos(math.pi * (2 * j + 1) * k / (2 * n)) * math.sqrt(2.0 / n)
-    d[0] /= math.sqrt(2.0)
-    return d
+    """D̄ (m × n) of the float model (models.attention.functional.dct_matrix), in float64."""
+    return AF.dct_matrix(n, m, dtype=torch.float64).numpy()
 
 
 def lower_softmax(prog, ar: Arith, tag: str, key: str, x: Affine, seq: np.ndarray) -> Affine:
