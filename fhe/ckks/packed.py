@@ -43,9 +43,6 @@ def check_packed(program: PolyProgram) -> None:
     if cfg.attention not in PACKED_KINDS:
         raise PolynomialError(f"the packed layout has no lowering for {cfg.attention.value} attention yet "
                               f"(packed: {', '.join(k.value for k in PACKED_KINDS)}); use --layout batch")
-    if cfg.norm is NormKind.LAYERNORM:
-        raise PolynomialError("the packed layout does not lower LayerNorm yet; use --layout batch, or train with "
-                              "--norm batchnorm / none")
 
 
 def stride_of(program: PolyProgram) -> int:
@@ -107,9 +104,12 @@ class PackedProgram:
                        np.tile(w["embed.bias"], T) + w["pos"][:T].reshape(-1))
         for i in range(cfg.n_layers):
             pre, key = f"block{i}", f"blocks.{i}"
-            h = h + self._mixer(ar, rot, pre, f"{key}.mixer", h)
+            x1 = self._norm(ar, rot, f"{pre}.norm1", f"{key}.norm1", h)
+            h = h + self._mixer(ar, rot, pre, f"{key}.mixer", x1)
             if cfg.has_ffn:
-                h = h + self._ffn(ar, rot, f"{pre}.ffn", f"{key}.ffn", h)
+                x2 = self._norm(ar, rot, f"{pre}.norm2", f"{key}.norm2", h)
+                h = h + self._ffn(ar, rot, f"{pre}.ffn", f"{key}.ffn", x2)
+        h = self._norm(ar, rot, "final_norm", "norm", h)
         with ar.stage("head"):
             return self._head(ar, rot, h)
 
@@ -241,14 +241,41 @@ class PackedProgram:
                                                 self.n_slots // period) for r in range(n_blocks)]
         return self._biases[("masks",)]
 
+    def _norm(self, ar: Arith, rot: Rotations, tag: str, key: str, h: Affine) -> Affine:
+        if self.program.config.norm is NormKind.NONE:
+            return h
+        w, T = self.program.weights, self.T
+        out = self._layernorm(ar, rot, tag, h, self.program.config.d_model)
+        return out.apply(np.diag(np.tile(w[f"{key}.weight"], T)), np.tile(w[f"{key}.bias"], T))
+
+    def _layernorm(self, ar: Arith, rot: Rotations, tag: str, h: Affine, width: int, eps: float = 1e-5) -> Affine:
+        """(x − μ)/√(σ² + eps) per position, as the batch program: the centring and the variance are
+        position-wise maps (2·stride − 1 diagonals), 1/√ by Newton from the calibrated guess."""
+        op, T = self.program.ops[f"{tag}.invsqrt"], self.T
+        V, lay = op["scale"], self.layout(width)  # z = (σ² + eps)/V lies in (0, 1]
+        mean = np.kron(np.eye(T), np.ones((width, width)) / width)
+        with ar.stage(tag):
+            d = self._materialize(ar, rot, f"{tag}.centre", h.apply(np.eye(T * width) - mean), lay).val
+            var = self._map((tag, "variance"), mean / V, lay, lay)
+            z = apply_maps(ar, [(ar.square(d), var)], self._bias((tag, "eps"), np.full(T * width, eps / V), lay),
+                           rot, self.n_slots)
+            normed = ar.mul(d, A.newton_invsqrt(ar, z, tuple(op["guess"]), op["iterations"]))  # (x − μ)·√V/σ
+        return Affine([(PVec(normed, lay), np.eye(T * width) / np.sqrt(V))], np.zeros(T * width))
+
     def _geglu(self, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
-        """Activator / GEGLU-only unit (Activator paper Eqs. 8-10) without LayerNorm: down(up₁x ⊙ GELU(up₂x))."""
+        """Activator / GEGLU-only unit (Activator paper Eqs. 8-10): down(LN(up₁x) ⊙ LN(GELU(up₂x)))."""
         w, T = self.program.weights, self.T
         hidden = w[f"{key}.up_value.weight"].shape[0]
         lay = self.layout(hidden)
         u = x.apply(per_position(w[f"{key}.up_value.weight"], T), np.tile(w[f"{key}.up_value.bias"], T))
         g = x.apply(per_position(w[f"{key}.up_gate.weight"], T), np.tile(w[f"{key}.up_gate.bias"], T))
         gate = self._activation(ar, rot, f"{tag}.gelu", g, lay, Activation.GELU)
+        if self.program.config.norm is NormKind.LAYERNORM:
+            u = self._layernorm(ar, rot, f"{tag}.norm_value", u, hidden)
+            normed = self._layernorm(ar, rot, f"{tag}.norm_gate", Affine([(gate, np.eye(lay.size))],
+                                                                          np.zeros(lay.size)), hidden)
+            with ar.stage(f"{tag}.gate"):
+                gate = self._materialize(ar, rot, f"{tag}.norm_gate.out", normed, lay)
         with ar.stage(f"{tag}.gate"):
             prod = ar.mul(self._materialize(ar, rot, f"{key}.up_value", u, lay).val, gate.val)
         return Affine([(PVec(prod, lay), per_position(w[f"{key}.down.weight"], T))],
