@@ -146,8 +146,10 @@ def measure(kind: str, seq_len: int, layout: str, d_model: int = 16, n_heads: in
     return rep
 
 
-def sweep(kinds, seq_lens, layouts=("batch", "packed"), execute: bool = False, progress=None,
+def sweep(kinds, seq_lens, layouts=("batch", "packed"), execute: bool = False, progress=None, on_row=None,
           **kw) -> list[CkksKindReport]:
+    """Every kind × T × layout; ``on_row(rows so far)`` after each (e.g. to write partial results: the
+    Inhibitor's clear plan at T = 128 alone takes tens of minutes)."""
     from fhe.ckks.packed import PACKED_KINDS
 
     out = []
@@ -156,10 +158,12 @@ def sweep(kinds, seq_lens, layouts=("batch", "packed"), execute: bool = False, p
             for layout in layouts:
                 if layout == "packed" and kind not in {k.value for k in PACKED_KINDS}:
                     out.append(CkksKindReport(kind, t, layout, error="no packed lowering yet (batch layout only)"))
-                    continue
-                if progress:
-                    progress(f"{kind} T={t} {layout}")
-                out.append(measure(kind, t, layout, execute=execute, **kw))
+                else:
+                    if progress:
+                        progress(f"{kind} T={t} {layout}")
+                    out.append(measure(kind, t, layout, execute=execute, **kw))
+                if on_row:
+                    on_row(out)
     return out
 
 

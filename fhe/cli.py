@@ -735,9 +735,11 @@ def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem
         bad = [k for k in kinds if k not in ckks_sweep.KINDS]
         if bad:
             raise click.UsageError(f"--variants for CKKS: {', '.join(ckks_sweep.KINDS)}; got {', '.join(bad)}")
+        command = "fhe " + " ".join(sys.argv[1:])
         reps = ckks_sweep.sweep(kinds, lens, tuple(layouts.split(",")), execute=mode == "execute",
-                                progress=lambda m: click.echo(f"  {m} ...", err=True))
-        paths = ckks_sweep.write(reps, out_dir, stem or "ckks_attention", "fhe " + " ".join(sys.argv[1:]))
+                                progress=lambda m: click.echo(f"  {m} ...", err=True),
+                                on_row=lambda rows: ckks_sweep.write(rows, out_dir, stem or "ckks_attention", command))
+        paths = ckks_sweep.write(reps, out_dir, stem or "ckks_attention", command)
         click.echo(paths["md"].read_text())
         click.echo(f"wrote {paths['md']}, {paths['json']}, {paths['png']}")
         return

@@ -90,10 +90,10 @@ class CkksParams:
     refresh: bool = False
     approx: ApproxConfig = field(default_factory=ApproxConfig)
     batch_size: int | None = None
-    layout: CkksLayout = None  # type: ignore[assignment]  # set in __post_init__
+    layout: CkksLayout = CkksLayout.BATCH
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layout", CkksLayout(self.layout or CkksLayout.BATCH))
+        object.__setattr__(self, "layout", CkksLayout(self.layout))
         if self.poly_modulus_degree is not None and self.poly_modulus_degree not in (4096, 8192, 16384, 32768):
             raise ValueError(f"poly_modulus_degree must be 4096, 8192, 16384 or 32768, got {self.poly_modulus_degree}")
         if not 20 <= self.scale_bits <= self.outer_bits <= 60:

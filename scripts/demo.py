@@ -1,4 +1,4 @@
-"""The README's main job, end to end on a fresh machine (run by `make demo`; 4 minutes on 2 cores once installed).
+"""The README's main job, end to end on a fresh machine (run by `make demo`; ~6 minutes on 2 cores once installed).
 
 1. train a small Inhibitor transformer on sklearn's digits (4 tokens of 4x4 pixels, BatchNorm), then
    fine-tune it through its own TFHE integer program (`--qat-bits 6`: the program reproduces the QAT model);
@@ -10,7 +10,9 @@
 4. CKKS: train a PowerSoftmax model with the polynomial recipe (length-agnostic form, range losses),
    print its CKKS cost report, and compare float, clear polynomial and encrypted predictions on all
    360 test samples at once (SIMD slots; N = 16384 with the labelled client-assisted refresh, which
-   keeps the demo to minutes; `fhe compare` without `--refresh` picks N = 32768 and needs none).
+   keeps the demo to minutes; `fhe compare` without `--refresh` picks N = 32768 and needs none);
+5. the same model as one query: the packed layout (one sample per ciphertext, rotations by SEAL), its
+   rotation steps and Galois keys, and one encrypted sample against the clear polynomial program.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def main() -> None:
         str(RUNS / "digits-power-softmax-ckks.json"))
     fhe("compare", poly, "--scheme", "ckks", "--mode", "execute", "--n", "360", "--refresh",
         "--poly-modulus-degree", "16384")
+    fhe("compile", poly, "--scheme", "ckks", "--layout", "packed", "--scale-bits", "38", "--json",
+        str(RUNS / "digits-power-softmax-packed.json"))
 
 
 if __name__ == "__main__":

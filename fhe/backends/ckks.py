@@ -104,6 +104,7 @@ def public_context(ctx: ts.Context) -> ts.Context:
 @register_backend(CkksParams)
 class CkksBackend:
     scheme = Scheme.CKKS
+    layout = "batch"
 
     def __init__(self, program: PolyProgram, params: CkksParams, plan: CkksPlan, planned: dict, meta: dict) -> None:
         self.program, self.params, self.plan, self.planned, self.meta = program, params, plan, planned, meta

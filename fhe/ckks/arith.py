@@ -152,7 +152,7 @@ class Arith:
         self._count("add", len(vals) - 1)
         self._count("rescale")
         level = max(v.level for v in vals) + 1
-        return self._out(self._dot_plain([v.data for v in vals], [v.level for v in vals], list(plains)), level)
+        return self._out(self._dot_plain([v.data for v in vals], list(plains)), level)
 
     def add_plain(self, a: Val, plain: np.ndarray) -> Val:
         self._count("add")
@@ -183,7 +183,7 @@ class Arith:
     def _rotate(self, a, step: int):
         raise NotImplementedError
 
-    def _dot_plain(self, datas: list, levels: list[int], plains: list[np.ndarray]):
+    def _dot_plain(self, datas: list, plains: list[np.ndarray]):
         raise NotImplementedError
 
     def _add_plain(self, a, plain: np.ndarray):
@@ -238,7 +238,7 @@ class ClearArith(Arith):
     def _rotate(self, a, step):
         return np.roll(a, -step, axis=-1)
 
-    def _dot_plain(self, datas, levels, plains):
+    def _dot_plain(self, datas, plains):
         return sum(d * p for d, p in zip(datas, plains, strict=True))
 
     def _add_plain(self, a, plain):

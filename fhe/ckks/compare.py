@@ -33,10 +33,10 @@ def compare_ckks(compiled, x: torch.Tensor, y: np.ndarray, execute: bool = True,
     with np.errstate(all="ignore"):  # a polynomial far outside its interval overflows; counted below
         outputs["poly_clear"] = backend.program.clear(x_np, ar)
     result: dict = {"n": int(len(y)), "scheme": "ckks", "mode": "execute" if execute else "simulate",
-                    "layout": getattr(backend, "layout", "batch")}
+                    "layout": backend.layout}
     if execute:
         backend.keygen()
-        packed = getattr(backend, "layout", "batch") == "packed"
+        packed = backend.layout == "packed"
         size = 1 if packed else backend.params.batch_size or backend.plan.slots  # packed: one query per run
         enc, runs = [], []
         for sl in batches(len(x_np), size):

@@ -163,7 +163,7 @@ class SealArith(Arith):
         self.evaluator.rotate_vector(a, int(step), self.galois_keys, out)
         return out
 
-    def _dot_plain(self, datas, levels, plains):
+    def _dot_plain(self, datas, plains):
         deepest = min(datas, key=lambda c: c.coeff_modulus_size())
         pairs = [(ct, p) for ct, p in zip(datas, plains, strict=True) if np.any(p)]
         if not pairs:
