@@ -5,7 +5,8 @@ model's intervals give, not a trained one's) is compiled to its polynomial progr
 depth, N, every operation count and the Galois keys exactly, for the batch layout (N/2 samples per
 run) and, where it exists, the packed one (one query). Latency is estimated from those counts and SEAL
 operation costs measured in the same run at the planned N with all its primes: an upper bound, since
-operations at lower levels are cheaper. ``execute`` runs the packed programs encrypted too.
+operations at lower levels are cheaper; the costs are CPU time of one core (robust to a loaded machine).
+``execute`` runs the packed programs encrypted too.
 """
 
 from __future__ import annotations
@@ -71,11 +72,11 @@ def op_costs(n: int, n_primes: int, repeats: int = 3) -> dict[str, float]:
     keys = make_galois_keys(ctx, [1], n)
     relin = ctx.relin_keys().data
 
-    def timed(fn) -> float:
-        start = time.perf_counter()
+    def timed(fn) -> float:  # this process's CPU time: SEAL runs one operation on one core, so a loaded
+        start = time.process_time()  # machine (other jobs, a niced sweep) does not inflate the estimate
         for _ in range(repeats):
             fn()
-        return (time.perf_counter() - start) / repeats
+        return (time.process_time() - start) / repeats
 
     def mul():
         out = sa.Ciphertext()
@@ -173,9 +174,9 @@ def markdown(reports: list[CkksKindReport], command: str) -> str:
              "(300 of them up to T = 16, 64 beyond), "
              "tolerances 0.05, PowerSoftmax ε = 0.5. Counts, depth and keys are the clear plan's (equal to an "
              "encrypted run's). "
-             "Estimated run: counts × SEAL operation costs measured in this run at the top level of the "
-             "planned chain (an upper bound). Batch: one run serves N/2 samples; packed: one query. Keys: "
-             "relinearisation + Galois keys in server memory.", "",
+             "Estimated run: counts × SEAL operation costs (CPU time on one core) measured in this run at the "
+             "top level of the planned chain (an upper bound). Batch: one run serves N/2 samples; packed: one "
+             "query. Keys: relinearisation + Galois keys in server memory.", "",
              "| kind | T | layout | depth | N | refreshes | ct×ct | ct×pt | rotations | Galois keys | keys (MiB) "
              "| samples/run | est. run (s) | measured run (s) | max abs error |", "|" + "---|" * 15]
     for r in reports:
