@@ -7,15 +7,18 @@ per run, this one spends a handful of ciphertexts per sample: its latency is tha
 
 Every linear layer is a clear matrix applied by the diagonal method (BSGS rotations); consecutive linear
 maps still compose lazily (:class:`~fhe.ckks.affine.Affine` over packed values), so a layer costs one
-level only where a product follows. PowerSoftmax attention (PowerSoftmax paper Eq. 7), for r = 0 … T'−1:
+level only where a product follows. Attention (PowerSoftmax Eq. 7; softmax with exp by polynomial for
+dot-product and DCT-Former), with S the stride and T' = pow2(T):
 
-    k_r = rot(k, r·C')            key (t + r) mod T' beside query t: a rotation, no level
-    s_r = HeadSum(q ⊙ k_r)        Σ over each head's channels, broadcast back: one map, one level
-    a   = ε/D + Σ_r s_rᵖ          the length-agnostic denominator (1/L and 1/D folded into W_q)
-    o   = (Σ_r s_rᵖ ⊙ rot(v, r·C')) ⊙ Goldschmidt(a)
+    p_r = q ⊙ rot(k, r·S)          query t beside key (t + r) mod T', r = 0 … T'−1 (rotations, no level)
+    s   = Σ_r mask_r ⊙ HeadSum(p_r)   head sums by rotate-and-add; one masked sum puts offset r in block r
+    e   = f(s)                       sᵖ or exp(s): one polynomial for all T' offsets at once
+    a   = Σ_blocks e (+ ε)           the row sums, by rotate-and-add over blocks
+    o   = Σ_blocks (e ⊙ v_all) ⊙ Goldschmidt(a),  v_all: block r = rot(v, r·S)
 
-so the whole attention is 2T' ct×ct products, one Goldschmidt on one ciphertext and T' head sums.
-Mean pooling sums the position blocks by rotations (log₂ T') before the head's matrix.
+so the score function, the division and the value product each run once (when the T' blocks do not fit
+the slots, offset by offset). The head's matrix runs per position, then a rotate-and-add over positions
+is the mean pooling.
 
 The clear run (numpy slot vectors, :class:`~fhe.ckks.arith.ClearArith`) is the planner: depth, every
 operation and the set of rotation steps (the Galois keys the server needs) are known before keygen.
