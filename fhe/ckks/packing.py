@@ -2,13 +2,15 @@
 
 Layout. A vector of T positions × C channels is stored position-major, slot t·C' + c, with C' the
 stride (a power of two ≥ C; one stride for a whole program) and T' the next power of two of T (padding
-slots hold 0), in a block of p = T'·C' slots that repeats through all N/2 slots (*replicated*). A rotation of the whole ciphertext is then a cyclic rotation of every
-block: rotating by r·C' moves each position r places along, cyclically, which is how attention pairs
-query t with key (t + r) mod T' without a mask (a padding position holds zeros, so its score is 0).
+slots hold 0), in a block of p = T'·C' slots that repeats through all N/2 slots (*replicated*). A
+rotation of the whole ciphertext is then a cyclic rotation of every block: rotating by r·C' moves each
+position r places along, cyclically, which is how attention pairs query t with key (t + r) mod T'
+without a mask (a padding position holds zeros, so its score is 0).
 
 Clear matrices by the diagonal method (Halevi and Shoup, "Algorithms in HElib", 2014): for an input of
 period p, y = Σₖ diagₖ ⊙ rot(x, k) over k < p with diagₖ[i] = M[i, i + k]; with baby steps b < n₁ and
-giant steps g·n₁ (Halevi and Shoup, "Faster homomorphic linear transformations in HElib", 2018), y = Σ_g rot(Σ_b rot(diag_{g n₁ + b}, −g n₁) ⊙ rot(x, b), g n₁):
+giant steps g·n₁ (Halevi and Shoup, "Faster homomorphic linear transformations in HElib", 2018),
+y = Σ_g rot(Σ_b rot(diag_{g n₁ + b}, −g n₁) ⊙ rot(x, b), g n₁):
 about 2√(number of diagonals) rotations instead of one per diagonal, and the baby-step rotations of an
 input are shared by every map that reads it. Only the diagonals that are not zero are used, so a
 position-wise map (I_T ⊗ W with equal strides) needs 2C − 1 of them whatever T is.
