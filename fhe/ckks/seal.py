@@ -79,11 +79,6 @@ class SealArith(Arith):
         self.plain_cache = {} if plain_cache is None else plain_cache
 
     # ---------------------------------------------------------------- helpers
-    def _copy(self, ct: sa.Ciphertext) -> sa.Ciphertext:
-        out = sa.Ciphertext()
-        self.evaluator.mod_switch_to(ct, ct.parms_id(), out)  # a same-level copy
-        return out
-
     def _at_level_of(self, a: sa.Ciphertext, b: sa.Ciphertext) -> tuple[sa.Ciphertext, sa.Ciphertext]:
         """Both operands at the deeper one's level (copies where switched; inputs untouched)."""
         na, nb = a.coeff_modulus_size(), b.coeff_modulus_size()
