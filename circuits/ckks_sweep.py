@@ -38,6 +38,7 @@ class CkksKindReport:
     layout: str
     depth: int | None = None
     poly_modulus_degree: int | None = None
+    scale_bits: int | None = None
     client_refreshes: int | None = None
     ct_ct_mul: int | None = None
     ct_pt_mul: int | None = None
@@ -55,19 +56,19 @@ class CkksKindReport:
         return asdict(self)
 
 
-_COSTS: dict[tuple[int, int], dict[str, float]] = {}
+_COSTS: dict[tuple[int, tuple[int, ...]], dict[str, float]] = {}
 
 
-def op_costs(n: int, n_primes: int, repeats: int = 3) -> dict[str, float]:
-    """Seconds per SEAL operation at ring size n with n_primes primes (the top level), measured here."""
-    if (n, n_primes) in _COSTS:
-        return _COSTS[(n, n_primes)]
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=n, coeff_mod_bit_sizes=[60] + [40] * (n_primes - 2)
-                     + [60])
+def op_costs(n: int, bit_sizes: tuple[int, ...], repeats: int = 3) -> dict[str, float]:
+    """Seconds per SEAL operation at ring size n with this chain of primes (at its top level), measured here."""
+    bit_sizes = tuple(bit_sizes)
+    if (n, bit_sizes) in _COSTS:
+        return _COSTS[(n, bit_sizes)]
+    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=n, coeff_mod_bit_sizes=list(bit_sizes))
     seal = ctx.seal_context().data
     ev, enc = sa.Evaluator(seal), sa.CKKSEncoder(seal)
     pt, ct = sa.Plaintext(), sa.Ciphertext()
-    enc.encode(np.random.default_rng(0).random(n // 2).tolist(), 2.0**40, pt)
+    enc.encode(np.random.default_rng(0).random(n // 2).tolist(), 2.0 ** bit_sizes[1], pt)
     sa.Encryptor(seal, ctx.public_key().data).encrypt(pt, ct)
     keys = make_galois_keys(ctx, [1], n)
     relin = ctx.relin_keys().data
@@ -96,9 +97,9 @@ def op_costs(n: int, n_primes: int, repeats: int = 3) -> dict[str, float]:
         ev.rescale_to_next_inplace(out)
 
     plain_s = timed(mul_plain)
-    _COSTS[(n, n_primes)] = {"ct_ct_mul": timed(mul), "rotation": timed(rot), "ct_pt_mul": plain_s,
+    _COSTS[(n, bit_sizes)] = {"ct_ct_mul": timed(mul), "rotation": timed(rot), "ct_pt_mul": plain_s,
                              "rescale": max(timed(rescale) - plain_s, 0.0)}
-    return _COSTS[(n, n_primes)]
+    return _COSTS[(n, bit_sizes)]
 
 
 def model_for(kind: str, seq_len: int, d_model: int, n_heads: int, features: int = 8, n_outputs: int = 10):
@@ -109,6 +110,27 @@ def model_for(kind: str, seq_len: int, d_model: int, n_heads: int, features: int
     return Transformer(cfg).double().eval()
 
 
+PACKED_SCALES = (38, 33, 30)  # without refresh, a deeper packed program trades precision for levels
+
+
+def _compile(model, calib, layout: str, approx: ApproxConfig):
+    """Batch: scale 2^40, labelled refreshes where the chain is too short. Packed (never refreshes): the
+    largest scale in PACKED_SCALES whose chain holds the program."""
+    if layout == "batch":
+        params = CkksParams(layout=layout, approx=approx, scale_bits=40)
+        try:
+            return compile_model(model, calib, params)
+        except DepthError:
+            return compile_model(model, calib, params.replace(refresh=True, poly_modulus_degree=32768))
+    for bits in PACKED_SCALES:
+        try:
+            return compile_model(model, calib, CkksParams(layout=layout, approx=approx, scale_bits=bits))
+        except DepthError:
+            if bits == PACKED_SCALES[-1]:
+                raise
+    raise AssertionError("unreachable")
+
+
 def measure(kind: str, seq_len: int, layout: str, d_model: int = 16, n_heads: int = 2,
             approx: ApproxConfig | None = None, execute: bool = False) -> CkksKindReport:
     rep = CkksKindReport(kind, seq_len, layout)
@@ -116,27 +138,21 @@ def measure(kind: str, seq_len: int, layout: str, d_model: int = 16, n_heads: in
     calib = torch.randn(300 if seq_len <= 16 else 64, seq_len, model.config.in_features, dtype=torch.float64)
     approx = approx or ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
     try:
-        params = CkksParams(layout=layout, approx=approx, scale_bits=40 if layout == "batch" else 38)
-        try:
-            compiled = compile_model(model, calib, params)
-        except DepthError:
-            if layout == "packed":
-                raise
-            compiled = compile_model(model, calib, params.replace(refresh=True, poly_modulus_degree=32768))
+        compiled = _compile(model, calib, layout, approx)
     except (PolynomialError, ApproximationError, DepthError, ValueError) as exc:
         rep.error = str(exc).split(";")[0][:160]
         return rep
     r = compiled.report()
     ops, n = r["op_counts"], r["poly_modulus_degree"]
     n_primes = len(r["coeff_mod_bit_sizes"])
-    rep.depth, rep.poly_modulus_degree = r["program_depth_without_refresh"], n
+    rep.depth, rep.poly_modulus_degree, rep.scale_bits = r["program_depth_without_refresh"], n, r["scale_bits"]
     rep.client_refreshes, rep.ct_ct_mul, rep.ct_pt_mul = ops["client_refresh"], ops["ct_ct_mul"], ops["ct_pt_mul"]
     rep.rotations, rep.rescales = ops["rotation"], ops["rescale"]
     rep.galois_keys = r.get("galois_keys_count", 0)
     relin = galois_keys_memory(1, n, n_primes)  # a relinearisation key is one key-switching key, as a Galois key
     rep.key_mib = (relin + galois_keys_memory(rep.galois_keys, n, n_primes)) / 2**20
     rep.samples_per_run = 1 if layout == "packed" else n // 2
-    costs = op_costs(n, n_primes)
+    costs = op_costs(n, r["coeff_mod_bit_sizes"])
     rep.estimated_run_s = sum(costs[k] * ops[k] for k in costs)
     if execute and layout == "packed":
         x = torch.randn(1, seq_len, model.config.in_features, dtype=torch.float64).numpy()
@@ -151,13 +167,15 @@ def sweep(kinds, seq_lens, layouts=("batch", "packed"), execute: bool = False, p
           **kw) -> list[CkksKindReport]:
     """Every kind × T × layout; ``on_row(rows so far)`` after each (e.g. to write partial results: the
     Inhibitor's clear plan at T = 128 alone takes tens of minutes)."""
-    from fhe.ckks.packed import PACKED_KINDS
+    from fhe.ckks.mixers import registered_packed_mixers
+
+    packed_kinds = {k.value for k in registered_packed_mixers()}
 
     out = []
     for kind in kinds:
         for t in seq_lens:
             for layout in layouts:
-                if layout == "packed" and kind not in {k.value for k in PACKED_KINDS}:
+                if layout == "packed" and kind not in packed_kinds:
                     out.append(CkksKindReport(kind, t, layout, error="no packed lowering yet (batch layout only)"))
                 else:
                     if progress:
@@ -176,18 +194,20 @@ def markdown(reports: list[CkksKindReport], command: str) -> str:
              "encrypted run's). "
              "Estimated run: counts × SEAL operation costs (CPU time on one core) measured in this run at the "
              "top level of the planned chain (an upper bound). Batch: one run serves N/2 samples; packed: one "
-             "query. Keys: relinearisation + Galois keys in server memory.", "",
-             "| kind | T | layout | depth | N | refreshes | ct×ct | ct×pt | rotations | Galois keys | keys (MiB) "
-             "| samples/run | est. run (s) | measured run (s) | max abs error |", "|" + "---|" * 15]
+             "query. Keys: relinearisation + Galois keys in server memory. Scale: 2^40 batch; packed (no refresh) "
+             f"the largest of 2^{PACKED_SCALES} whose chain holds the program.", "",
+             "| kind | T | layout | depth | N | scale bits | refreshes | ct×ct | ct×pt | rotations | Galois keys "
+             "| keys (MiB) | samples/run | est. run (s) | measured run (s) | max abs error |", "|" + "---|" * 16]
     for r in reports:
         if r.error:
-            lines.append(f"| {r.kind} | {r.seq_len} | {r.layout} | {r.error} |" + " |" * 11)
+            lines.append(f"| {r.kind} | {r.seq_len} | {r.layout} | {r.error} |" + " |" * 12)
             continue
         meas = "—" if r.measured_run_s is None else f"{r.measured_run_s:.2f}"
         err = "—" if r.max_abs_error is None else f"{r.max_abs_error:.1e}"
         lines.append(f"| {r.kind} | {r.seq_len} | {r.layout} | {r.depth} | {r.poly_modulus_degree} | "
-                     f"{r.client_refreshes} | {r.ct_ct_mul} | {r.ct_pt_mul} | {r.rotations} | {r.galois_keys} | "
-                     f"{r.key_mib:.0f} | {r.samples_per_run} | {r.estimated_run_s:.1f} | {meas} | {err} |")
+                     f"{r.scale_bits} | {r.client_refreshes} | {r.ct_ct_mul} | {r.ct_pt_mul} | {r.rotations} | "
+                     f"{r.galois_keys} | {r.key_mib:.0f} | {r.samples_per_run} | {r.estimated_run_s:.1f} | {meas} "
+                     f"| {err} |")
     return "\n".join(lines) + "\n"
 
 
@@ -229,7 +249,7 @@ def write(reports: list[CkksKindReport], out_dir, stem: str, command: str) -> di
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"md": out_dir / f"{stem}.md", "json": out_dir / f"{stem}.json", "png": out_dir / f"{stem}.png"}
     paths["md"].write_text(markdown(reports, command))
-    paths["json"].write_text(json.dumps({"reports": [r.to_dict() for r in reports], "op_costs_s":
-                                         {f"N={n},primes={p}": c for (n, p), c in _COSTS.items()}}, indent=2))
+    costs = {f"N={n},primes={len(b)}x{b[1]}b": c for (n, b), c in _COSTS.items()}
+    paths["json"].write_text(json.dumps({"reports": [r.to_dict() for r in reports], "op_costs_s": costs}, indent=2))
     plot(reports, paths["png"])
     return paths

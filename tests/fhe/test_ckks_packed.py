@@ -5,17 +5,19 @@ import numpy as np
 import pytest
 import tenseal as ts
 import torch
-from ckks_models import tiny
+from ckks_models import secret_key_windows, tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fhe.backends.ckks_packed import PackedClient, PackedServer
 from fhe.ckks import ApproxConfig, ClearArith, PolynomialError, build_program
-from fhe.ckks.packed import PackedProgram
+from fhe.ckks.mixers import PACKED_LOWERINGS
+from fhe.ckks.packed import PackedProgram, min_slots
 from fhe.ckks.packing import Layout, Rotations, apply_maps, linear_map, rotate_and_sum
 from fhe.errors import FheError
 from fhe.harness import compile_model
 from fhe.schemes import CkksParams
+from models.config import AttentionKind
 
 LOOSE = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
 
@@ -99,6 +101,26 @@ def test_packed_clear_program_equals_the_batch_program(overrides):
     np.testing.assert_allclose(packed.clear(x[:6]), program.clear(x[:6]), atol=1e-9)
 
 
+INHIBITOR_CASES = {
+    "inhibitor": dict(attention="inhibitor"),
+    "inhibitor, T=8, 2 heads of 4": dict(attention="inhibitor", seq_len=8, d_model=8),
+    "signed-inhibitor, 4 heads": dict(attention="signed-inhibitor", d_model=8, n_heads=4),
+}
+
+
+@pytest.mark.parametrize("overrides", INHIBITOR_CASES.values(), ids=INHIBITOR_CASES.keys())
+@pytest.mark.parametrize("side_by_side", [True, False], ids=["offsets side by side", "offset by offset"])
+def test_packed_inhibitor_equals_the_batch_program(overrides, side_by_side):
+    """Eqs. 5-7 through rotations, masks and one head-sum map give the batch program's numbers."""
+    model = tiny(**overrides)
+    cfg = model.config
+    x = np.random.default_rng(4).normal(size=(40, cfg.seq_len, cfg.in_features))
+    program = build_program(model, x, LOOSE)
+    packed = PackedProgram(program, 4096 if side_by_side else min_slots(program))  # one block: no room
+    assert packed.pack_attention == side_by_side
+    np.testing.assert_allclose(packed.clear(x[:6]), program.clear(x[:6]), atol=1e-9)
+
+
 def test_packed_attention_and_per_offset_attention_agree():
     """When the T' offsets do not fit the slots side by side, attention runs offset by offset."""
     program = build_program(tiny(), np.random.default_rng(2).normal(size=(40, 4, 3)))
@@ -112,11 +134,17 @@ def test_packed_attention_and_per_offset_attention_agree():
     assert ar_a.summary()["op_counts"]["ct_ct_mul"] < ar_b.summary()["op_counts"]["ct_ct_mul"]
 
 
-def test_packed_refuses_what_it_does_not_lower():
+def test_packed_refuses_what_it_does_not_lower(monkeypatch):
     x = np.random.default_rng(0).normal(size=(30, 4, 3))
-    with pytest.raises(PolynomialError, match="packed layout has no lowering for inhibitor"):
-        PackedProgram(build_program(tiny(attention="inhibitor"), x), 4096)
     program = build_program(tiny(), x)
+    monkeypatch.delitem(PACKED_LOWERINGS.entries, AttentionKind.POWER_SOFTMAX)  # a kind with no packed lowering
+    with pytest.raises(PolynomialError, match="no lowering registered for power-softmax under CKKS in the packed "
+                                              "layout .*use --layout batch"):
+        PackedProgram(program, 4096)
+    monkeypatch.undo()
+    x5 = np.random.default_rng(0).normal(size=(30, 5, 3))
+    with pytest.raises(FheError, match="power-of-two sequence length"):
+        PackedProgram(build_program(tiny(attention="inhibitor", seq_len=5), x5, LOOSE), 4096).clear(x5[:1])
     with pytest.raises(ValueError, match="one sample of shape"):
         PackedProgram(program, 4096).encode_input(x[:2])
     with pytest.raises(FheError, match="refresh"):
@@ -154,11 +182,7 @@ def test_packed_artifacts_run_and_hold_no_secret_key(packed_geglu, tmp_path):
     assert not (paths["client"] / "program.npz").exists()  # the client gets layouts, not the weights
     server = PackedServer(paths["server"])
     assert server.context.is_public() and not server.context.has_secret_key()
-    ctx = cm.backend.client_ctx
-    bare = ctx.serialize(save_public_key=False, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
-    with_sk = ctx.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
-                            save_relin_keys=False)
-    secret = [with_sk[i:i + 64] for i in range(0, len(with_sk) - 64, 997) if with_sk[i:i + 64] not in bare]
+    secret = secret_key_windows(cm.backend.client_ctx)
     assert len(secret) > 10
     server_bytes = b"".join(p.read_bytes() for p in paths["server"].iterdir())
     assert all(w in (paths["client"] / "context.secret").read_bytes() for w in secret)
@@ -198,12 +222,13 @@ def test_cli_compiles_and_runs_a_packed_model(tmp_path):
     assert "encrypted prediction" in res.output
 
 
-def test_packed_artifacts_are_refused_by_the_service_with_the_way_out(packed_geglu, tmp_path):
-    from fhe.deploy.client import Client
-    from fhe.deploy.runtime import load_runtime
-
-    paths = packed_geglu.save(tmp_path, include_secret_key=True)
-    with pytest.raises(FheError, match="--layout batch"):
-        load_runtime(paths["server"])
-    with pytest.raises(FheError, match="fhe run"):
-        Client(paths["client"])
+@pytest.mark.slow
+def test_packed_inhibitor_runs_encrypted():
+    """The Inhibitor packed, under SEAL: depth ~22 needs N = 32768 at 2^33 (~50 s keygen, ~25 s a query)."""
+    calib = torch.randn(300, 4, 3, dtype=torch.float64)
+    cm = compile_model(tiny(attention="inhibitor"), calib, CkksParams(approx=LOOSE, layout="packed", scale_bits=33))
+    cm.keygen()
+    x = torch.randn(2, 4, 3, dtype=torch.float64).numpy()
+    got = cm.backend.decrypt(cm.backend.run(cm.backend.encrypt(x)))
+    clear = cm.backend.simulate_packed(x)
+    assert np.max(np.abs(got - clear)) < 1e-2 * max(1.0, np.abs(clear).max())
