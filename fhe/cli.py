@@ -584,16 +584,11 @@ def run_cmd(artifact_dir, sample, data_dir) -> None:
 def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
     import time
 
-    from fhe.backends.ckks import CkksClient, CkksServer
-    from fhe.backends.ckks_packed import PackedClient, PackedServer
+    from fhe.backends.ckks_packed import open_client, open_server
     from models.tasks import load_task
 
     try:
-        packed = json.loads((artifact_dir / "server" / "meta.json").read_text()).get("layout") == "packed"
-        if packed:
-            client, server = PackedClient(artifact_dir / "client"), PackedServer(artifact_dir / "server")
-        else:
-            client, server = CkksClient(artifact_dir / "client"), CkksServer(artifact_dir / "server")
+        client, server = open_client(artifact_dir / "client"), open_server(artifact_dir / "server")
     except (FileNotFoundError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from exc
     data = load_task(server.meta["task"], data_dir=data_dir, seq_len=server.meta["seq_len"],

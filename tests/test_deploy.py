@@ -80,6 +80,24 @@ def ckks_art(tmp_path_factory):
     return root, cm
 
 
+@pytest.fixture(scope="module")
+def packed_art(tmp_path_factory):
+    """The packed CKKS layout (one sample per SEAL ciphertext, Galois keys uploaded with the context)."""
+    sys.path.insert(0, str(Path(__file__).parent / "fhe"))
+    from ckks_models import tiny
+
+    from fhe.ckks import ApproxConfig
+    from fhe.harness import compile_model
+    from fhe.schemes import CkksParams
+
+    root = tmp_path_factory.mktemp("packed")
+    cm = compile_model(tiny(attention="geglu-only"), torch.randn(300, 4, 3, dtype=torch.float64),
+                       CkksParams(approx=ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05), layout="packed"))
+    cm.keygen()
+    cm.save(root / "a", include_secret_key=True)
+    return root, cm
+
+
 # --------------------------------------------------------------------------------- server
 def _free_port() -> int:
     with socket.socket() as s:
@@ -146,6 +164,34 @@ def test_ckks_round_trip_matches_the_clear_program(ckks_art):
         secret = (root / "a" / "client" / "context.secret").read_bytes()
         resp = httpx.put(served.url + "/keys", content=secret, headers=OCTET)
         assert resp.status_code == 400 and "secret key" in resp.json()["detail"]
+    finally:
+        served.stop()
+
+
+def test_packed_ckks_round_trip_matches_the_clear_program(packed_art):
+    """A packed-layout artifact served: SEAL ciphertexts and Galois keys over HTTP, answers equal to the
+    clear packed program; keys without the program's rotations are refused before they are stored."""
+    from fhe.ckks.seal import make_galois_keys, to_bytes
+
+    root, cm = packed_art
+    served = Served(root / "a")
+    try:
+        client = Client(root / "a" / "client", served.url)
+        assert client.describe()["layout"] == "packed"
+        x = torch.randn(2, 4, 3, dtype=torch.float64).numpy()
+        got = client.predict(x)
+        clear = cm.backend.simulate_packed(x)
+        assert got.logits.shape == clear.shape == (2, 3)
+        assert np.max(np.abs(got.logits - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
+        ctx = client.local.context
+        steps = cm.backend.rotation_steps
+        short = wire.pack([ctx.serialize(save_secret_key=False),
+                           to_bytes(make_galois_keys(ctx, steps[:-1], cm.backend.plan.poly_modulus_degree))])
+        resp = httpx.put(served.url + "/keys", content=short, headers=OCTET)
+        assert resp.status_code == 400 and "rotation steps" in resp.json()["detail"]
+        resp = httpx.post(served.url + f"/infer/{client.upload_keys()}", content=wire.pack([b"not a ciphertext"]),
+                          headers=OCTET)
+        assert resp.status_code == 400 and "SEAL ciphertexts" in resp.json()["detail"]
     finally:
         served.stop()
 

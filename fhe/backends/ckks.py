@@ -220,6 +220,9 @@ class CkksBackend:
     def _save_server_extras(self, server: Path) -> None:
         """Layout-specific server files (the packed layout's Galois keys)."""
 
+    def _save_client_extras(self, client: Path) -> None:
+        """Layout-specific client files (the packed layout's Galois keys, to upload to a service)."""
+
     def save(self, directory, include_secret_key: bool = False) -> dict:
         """server/: public context + program; client/: context with the secret key (on request)."""
         self._require_keys()
@@ -236,6 +239,7 @@ class CkksBackend:
             client.mkdir(parents=True, exist_ok=True)
             (client / "context.secret").write_bytes(self.client_ctx.serialize(save_secret_key=True))
             (client / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+            self._save_client_extras(client)
             paths["client"] = client
         return paths
 
@@ -293,3 +297,14 @@ class CkksClient:
 
     def refresh(self, server_ctx):
         return refresher(self.context, server_ctx)
+
+    # what a service receives (fhe/deploy): the libraries' own serialisations, never pickles
+    def public_keys(self) -> bytes:
+        """The public context (public and relinearisation keys): the evaluation keys a server needs."""
+        return self.context.serialize(save_secret_key=False)
+
+    def to_wire(self, cts: list) -> list[bytes]:
+        return [ct.serialize() for ct in cts]
+
+    def from_wire(self, items: list[bytes]) -> list:
+        return [ts.ckks_vector_from(self.context, item) for item in items]

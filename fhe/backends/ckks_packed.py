@@ -8,6 +8,7 @@ rotation steps, for which exactly one Galois key each is made. The server gets t
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -21,9 +22,33 @@ from fhe.ckks.packed import PackedProgram, check_packed, min_slots
 from fhe.ckks.packing import Layout
 from fhe.ckks.planner import MAX_COEFF_BITS_128, CkksPlan, DepthError, max_depth, plan_parameters
 from fhe.ckks.program import PolyProgram, build_program
-from fhe.ckks.seal import SealArith, SealCodec, galois_keys_memory, make_galois_keys
+from fhe.ckks.seal import (
+    SealArith,
+    SealCodec,
+    from_bytes,
+    galois_elements,
+    galois_keys_memory,
+    make_galois_keys,
+    to_bytes,
+)
 from fhe.errors import FheError
 from fhe.schemes import CkksParams
+
+
+def is_packed(folder: str | Path) -> bool:
+    """Whether a CKKS artifact folder (server/ or client/) holds a packed-layout program."""
+    return json.loads((Path(folder) / "meta.json").read_text()).get("layout") == "packed"
+
+
+def open_server(folder: str | Path) -> CkksServer:
+    """The server side of a CKKS artifact, in the layout it was compiled for."""
+    return (PackedServer if is_packed(folder) else CkksServer)(folder)
+
+
+def open_client(folder: str | Path) -> CkksClient:
+    """The client side of a CKKS artifact, in the layout it was compiled for."""
+    return (PackedClient if is_packed(folder) else CkksClient)(folder)
+
 
 WHY = ("packed: one sample's activations in the slots of one ciphertext, linear maps by BSGS rotations; "
        "latency of one query (--layout batch: N/2 samples per run at the cost of one)")
@@ -139,6 +164,9 @@ class PackedCkksBackend(CkksBackend):
     def _save_server_extras(self, server: Path) -> None:
         self.galois_keys.save(str(server / "galois.keys"))
 
+    def _save_client_extras(self, client: Path) -> None:
+        self.galois_keys.save(str(client / "galois.keys"))  # evaluation keys: what the client uploads to serve
+
 
 class PackedServer(CkksServer):
     """The server side from ``save()``'s server/ folder (no secret key), with its Galois keys."""
@@ -149,22 +177,30 @@ class PackedServer(CkksServer):
         self.galois_keys = sa.GaloisKeys()
         self.galois_keys.load(self.context.seal_context().data, str(Path(directory) / "galois.keys"))
 
-    def run(self, cts: list, refresh_fn=None) -> list:
-        """One query per ciphertext; the packed layout never refreshes (``refresh_fn`` is ignored)."""
+    def run(self, cts: list, refresh_fn=None, keys: tuple | None = None) -> list:
+        """One query per ciphertext; the packed layout never refreshes (``refresh_fn`` is ignored).
+        ``keys``: (public context, Galois keys) a client uploaded; by default the artifact's own."""
+        ctx, galois = keys or (self.context, self.galois_keys)
         out = []
         for ct in cts:
-            ar = SealArith(self.context, self.galois_keys, self.plan["scale_bits"], self.plan["max_depth"],
-                           self.packed.plain_cache)
+            ar = SealArith(ctx, galois, self.plan["scale_bits"], self.plan["max_depth"], self.packed.plain_cache)
             out.append(self.packed.forward(ar, Val(ct, 0)).data)
         return out
 
+    def missing_rotations(self, galois: sa.GaloisKeys) -> list[int]:
+        """The program's rotation steps that ``galois`` has no key for."""
+        steps = self.meta["rotation_steps"]
+        elements = galois_elements(steps, self.plan["poly_modulus_degree"])
+        return [s for s, e in zip(steps, elements, strict=True) if not galois.has_key(e)]
+
 
 class PackedClient(CkksClient):
-    """The data owner from ``save()``'s client/ folder: the secret context and the input/output layouts
-    (not the model's weights)."""
+    """The data owner from ``save()``'s client/ folder: the secret context, its Galois keys (to upload)
+    and the input/output layouts (not the model's weights)."""
 
     def __init__(self, directory) -> None:
         super().__init__(directory)
+        self.directory = Path(directory)
         plan, io = self.meta["plan"], self.meta["io"]
         self.slots = plan["slots"]
         self.input_layout = Layout(io["seq_len"], io["in_features"], io["stride"], io["block"])
@@ -178,3 +214,23 @@ class PackedClient(CkksClient):
 
     def decrypt(self, cts: list) -> np.ndarray:
         return np.stack([self.output_layout.read(self.codec.decrypt(ct)) for ct in cts])
+
+    def public_keys(self) -> bytes:
+        """The public context and the Galois keys, as one wire payload (fhe/deploy/wire.py)."""
+        from fhe.deploy import wire
+
+        return wire.pack([super().public_keys(), self.galois_keys_bytes()])
+
+    def to_wire(self, cts: list) -> list[bytes]:
+        return [to_bytes(ct) for ct in cts]
+
+    def from_wire(self, items: list[bytes]) -> list:
+        return [from_bytes(sa.Ciphertext, self.context, item) for item in items]
+
+    def galois_keys_bytes(self) -> bytes:
+        """The Galois keys made at compile time (SEAL's serialisation), or new ones for the planned steps."""
+        path = self.directory / "galois.keys"
+        if path.exists():
+            return path.read_bytes()
+        keys = make_galois_keys(self.context, self.meta["rotation_steps"], self.meta["plan"]["poly_modulus_degree"])
+        return to_bytes(keys)

@@ -12,6 +12,9 @@ made here from its secret key and saved in SEAL's own serialisation (``GaloisKey
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import tenseal as ts
 import tenseal.sealapi as sa
@@ -38,6 +41,25 @@ def galois_keys_memory(n_keys: int, poly_modulus_degree: int, n_primes: int) -> 
     coefficient. (SEAL's zstd serialisation, what is uploaded, is ~0.7x that; measuring it means
     compressing GBs, so the report computes this instead.)"""
     return n_keys * (n_primes - 1) * 2 * n_primes * poly_modulus_degree * 8
+
+
+def to_bytes(obj: sa.Ciphertext | sa.GaloisKeys) -> bytes:
+    """A SEAL object in SEAL's own serialisation (``save`` writes files only, hence the temporary one)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "obj"
+        obj.save(str(path))
+        return path.read_bytes()
+
+
+def from_bytes(cls: type, ctx: ts.Context, blob: bytes):
+    """``cls`` (sa.Ciphertext, sa.GaloisKeys) loaded from :func:`to_bytes`; SEAL checks that it is valid
+    for ``ctx``'s parameters and raises ValueError/RuntimeError otherwise."""
+    obj = cls()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "obj"
+        path.write_bytes(blob)
+        obj.load(ctx.seal_context().data, str(path))
+    return obj
 
 
 class SealCodec:

@@ -50,13 +50,9 @@ class Client:
 
         client_dir = Path(client_dir)
         if (client_dir / "context.secret").exists():
-            from fhe.backends.ckks import CkksClient
+            from fhe.backends.ckks_packed import open_client
 
-            if json.loads((client_dir / "meta.json").read_text()).get("layout") == "packed":
-                raise FheError("packed-layout CKKS artifacts are not served yet: use `fhe run`, or compile with "
-                               "--layout batch")
-
-            self.scheme, self.local = "ckks", CkksClient(client_dir)
+            self.scheme, self.local = "ckks", open_client(client_dir)  # batch or packed layout
         else:
             from fhe.backends.tfhe import TfheClient
 
@@ -69,7 +65,7 @@ class Client:
     def public_keys(self) -> bytes:
         if self.scheme == "tfhe":
             return self.local.client.evaluation_keys.serialize()
-        return self.local.context.serialize(save_secret_key=False)
+        return self.local.public_keys()
 
     def upload_keys(self) -> str:
         """The key id on the server, uploading the keys only if the server does not hold them yet."""
@@ -92,15 +88,13 @@ class Client:
                            + (" (one sample)" if self.scheme == "tfhe" else " per sample"))
         if self.scheme == "tfhe":
             return wire.pack([self.local.encrypt(quantize_input(self.meta, x))])
-        return wire.pack([ct.serialize() for ct in self.local.encrypt(np.asarray(x, dtype=np.float64))])
+        return wire.pack(self.local.to_wire(self.local.encrypt(np.asarray(x, dtype=np.float64))))
 
     def decrypt(self, payload: bytes) -> np.ndarray:
         items = wire.unpack(payload)
         if self.scheme == "tfhe":
             return self.local.decrypt(items[0]) * np.asarray(self.meta["output_scale"])
-        import tenseal as ts
-
-        return self.local.decrypt([ts.ckks_vector_from(self.local.context, item) for item in items])
+        return self.local.decrypt(self.local.from_wire(items))
 
     def infer(self, payload: bytes) -> tuple[bytes, float]:
         resp = self.http.post(f"/infer/{self.upload_keys()}", content=payload, headers={"content-type": wire_type()})

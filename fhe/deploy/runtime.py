@@ -38,7 +38,11 @@ def server_dir(path: str | Path) -> Path:
 
 def load_runtime(path: str | Path) -> TfheRuntime | CkksRuntime:
     folder = server_dir(path)
-    return CkksRuntime(folder) if (folder / "program.json").exists() else TfheRuntime(folder)
+    if not (folder / "program.json").exists():
+        return TfheRuntime(folder)
+    from fhe.backends.ckks_packed import is_packed
+
+    return PackedCkksRuntime(folder) if is_packed(folder) else CkksRuntime(folder)
 
 
 class TfheRuntime:
@@ -99,20 +103,19 @@ class CkksRuntime:
     def __init__(self, folder: Path) -> None:
         import tenseal as ts
 
-        from fhe.backends.ckks import CkksServer
-
         self.ts = ts
         self.folder = folder
-        if json.loads((folder / "meta.json").read_text()).get("layout") == "packed":
-            raise FheError("fhe serve does not serve packed-layout CKKS artifacts yet (its Galois keys and SEAL "
-                           "ciphertexts have no wire format here); run them with `fhe run`, or compile with "
-                           "--layout batch to serve")
-        self.server = CkksServer(folder)
+        self.server = self._open(folder)
         if self.server.plan["client_assisted_refresh"]:
             raise FheError("this CKKS program needs client-assisted refreshes, which a one-request service cannot "
                            "do; compile it without --refresh (a larger --poly-modulus-degree) to serve it")
         self.params_id = list(self.server.context.seal_context().data.key_parms_id())
         self._lock = threading.Lock()
+
+    def _open(self, folder: Path):
+        from fhe.backends.ckks import CkksServer
+
+        return CkksServer(folder)
 
     def describe(self) -> dict:
         meta = self.server.meta
@@ -149,3 +152,59 @@ class CkksRuntime:
             except (ValueError, RuntimeError, IndexError) as exc:
                 raise wire.PayloadError(f"ciphertexts do not fit this program: {exc}") from exc
         return wire.pack([ct.serialize() for ct in out])
+
+
+class PackedCkksRuntime(CkksRuntime):
+    """The packed layout (one sample per ciphertext): keys are a wire payload of (public context, Galois
+    keys), ciphertexts SEAL's own serialisation, one per sample (fhe/backends/ckks_packed.py)."""
+
+    def _open(self, folder: Path):
+        from fhe.backends.ckks_packed import PackedServer
+
+        return PackedServer(folder)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "layout": "packed", "rotation_steps": self.server.meta["rotation_steps"]}
+
+    def load_keys(self, blob: bytes):
+        import tenseal.sealapi as sa
+
+        from fhe.ckks.seal import from_bytes
+
+        try:
+            items = wire.unpack(blob)
+        except wire.PayloadError as exc:
+            raise KeysError(f"packed-layout keys are one wire payload of (public context, Galois keys): {exc}") \
+                from exc
+        if len(items) != 2:
+            raise KeysError(f"packed-layout keys are (public context, Galois keys), got {len(items)} items")
+        ctx = super().load_keys(items[0])
+        try:
+            galois = from_bytes(sa.GaloisKeys, ctx, items[1])
+        except (ValueError, RuntimeError) as exc:
+            raise KeysError(f"not SEAL Galois keys for this program's parameters: {exc}") from exc
+        missing = self.server.missing_rotations(galois)
+        if missing:
+            raise KeysError(f"the Galois keys lack {len(missing)} of this program's rotation steps (e.g. "
+                            f"{missing[:4]}); make one per step in GET /model's rotation_steps")
+        return ctx, galois
+
+    def run(self, keys, payload: bytes) -> bytes:
+        import tenseal.sealapi as sa
+
+        from fhe.ckks.seal import from_bytes, to_bytes
+
+        ctx, _ = keys
+        first = list(ctx.seal_context().data.first_parms_id())
+        try:
+            cts = [from_bytes(sa.Ciphertext, ctx, item) for item in wire.unpack(payload)]
+        except (ValueError, RuntimeError) as exc:
+            raise wire.PayloadError(f"not SEAL ciphertexts for this context: {exc}") from exc
+        if not cts or any(ct.size() != 2 or list(ct.parms_id()) != first for ct in cts):
+            raise wire.PayloadError("the packed program takes fresh ciphertexts (size 2, top level), one per sample")
+        with self._lock:
+            try:
+                out = self.server.run(cts, keys=keys)
+            except (ValueError, RuntimeError) as exc:
+                raise wire.PayloadError(f"ciphertexts do not fit this program: {exc}") from exc
+        return wire.pack([to_bytes(ct) for ct in out])
