@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tenseal as ts
 import torch
-from ckks_models import tiny
+from ckks_models import secret_key_windows, tiny
 from click.testing import CliRunner
 
 from fhe.ckks import ApproxConfig
@@ -76,22 +76,13 @@ def test_power_softmax_runs_encrypted_non_interactively_at_n32768():
     assert rep["poly_modulus_degree"] == 32768 and rep["op_counts"]["client_refresh"] == 0
 
 
-def _windows(blob: bytes, size: int = 64, step: int = 997) -> list[bytes]:
-    return [blob[i:i + size] for i in range(0, len(blob) - size, step)]
-
-
 def test_server_artifact_holds_no_secret_key(tmp_path):
     cm = compiled(tiny(attention="geglu-only"))
     cm.keygen()
     paths = cm.save(tmp_path, include_secret_key=True)
     server_ctx = ts.context_from((paths["server"] / "context.public").read_bytes())
     assert server_ctx.is_public() and not server_ctx.has_secret_key()
-    # the secret key's bytes: what a secret-key serialisation adds to a parameters-only one
-    ctx = cm.backend.client_ctx
-    bare = ctx.serialize(save_public_key=False, save_secret_key=False, save_galois_keys=False, save_relin_keys=False)
-    with_sk = ctx.serialize(save_public_key=False, save_secret_key=True, save_galois_keys=False,
-                            save_relin_keys=False)
-    secret = [w for w in _windows(with_sk) if w not in bare]
+    secret = secret_key_windows(cm.backend.client_ctx)
     assert len(secret) > 10
     server_bytes = b"".join(p.read_bytes() for p in paths["server"].iterdir())
     client_bytes = (paths["client"] / "context.secret").read_bytes()

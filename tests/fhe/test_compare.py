@@ -50,6 +50,7 @@ def test_the_compiled_model_speaks_floats_through_its_quantizing_codec(setup):
     assert compiled.report()["n_bits"] == compiled.backend.params.n_bits == resolve_quant(None).n_bits
 
 
+@pytest.mark.slow  # ~150 s; Ray batches of both schemes stay in the default run (tests/test_deploy.py)
 def test_execution_on_ray_workers_equals_the_clear_program(setup):
     compiled, data = setup
     compiled.keygen()

@@ -20,9 +20,14 @@ def digits():
     return load_task("digits", patch=4)
 
 
-CASES = [pytest.param(kind, layers, quant, id=f"{kind.value}-{layers}-{quant}")
+# One layer is enough for the second quantization. By default every kind runs one layer at the default
+# quantization, and the Inhibitor (the whole-model kind) also two layers and the wide quantization; the
+# other kinds' extra cases (5-70 s compiles each on 2 cores) run with `-m slow`.
+CASES = [pytest.param(kind, layers, quant, id=f"{kind.value}-{layers}-{quant}",
+                      marks=[pytest.mark.slow] if (layers, quant) != (1, "default")
+                      and kind is not AttentionKind.INHIBITOR else [])
          for kind in AttentionKind for layers in (1, 2) for quant in QUANTS
-         if not (quant == "wide" and layers == 2)]  # one layer is enough for the second quantization
+         if not (quant == "wide" and layers == 2)]
 
 
 @pytest.mark.parametrize(("kind", "layers", "quant"), CASES)

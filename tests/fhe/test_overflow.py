@@ -10,7 +10,9 @@ from fhe.backends.tfhe import TfheBackend
 from fhe.errors import InputOverflowError
 from fhe.schemes import TfheParams
 
-VARIANTS = ["inhibitor", "signed-inhibitor", "dot-product", "power-softmax", "dct", "geglu"]
+# DCT-Former's circuits (~20 s each) run with `-m slow`; the other kinds keep both range modes by default
+VARIANTS = ["inhibitor", "signed-inhibitor", "dot-product", "power-softmax",
+            pytest.param("dct", marks=pytest.mark.slow), "geglu"]
 
 
 def _edges(shape, lo, hi) -> dict[str, np.ndarray]:
@@ -39,13 +41,13 @@ def _model_edges(data) -> dict[str, np.ndarray]:
     return _edges(tuple(data.x_test.shape[1:]), lo, hi)
 
 
-def test_the_client_refuses_inputs_that_would_overflow_and_proven_widths_accept_them(tiny_model):
+def test_the_client_refuses_inputs_that_would_overflow_and_proven_widths_accept_them(tiny_rows_model):
     from fhe.harness import compile_model
     from fhe.tfhe_recipe import resolve_quant
     from models.tasks import load_task_of
     from models.training import load_checkpoint
 
-    ckpt = load_checkpoint(tiny_model)
+    ckpt = load_checkpoint(tiny_rows_model)
     data = load_task_of(ckpt.task)
     calibrated = compile_model(ckpt.model, data.x_train[:500], TfheParams(), resolve_quant(None), simulate_only=True)
     assert calibrated.report()["overflow_risks"]
