@@ -174,8 +174,17 @@ class PackedServer(CkksServer):
     def __init__(self, directory) -> None:
         super().__init__(directory)
         self.packed = PackedProgram(self.program, self.plan["slots"])
-        self.galois_keys = sa.GaloisKeys()
-        self.galois_keys.load(self.context.seal_context().data, str(Path(directory) / "galois.keys"))
+        self.directory = Path(directory)
+        self._galois_keys: sa.GaloisKeys | None = None
+
+    @property
+    def galois_keys(self) -> sa.GaloisKeys:
+        """The artifact's own Galois keys, loaded on first use: a service runs with the keys its clients
+        upload, and need not hold these (GBs at N = 32768) beside them."""
+        if self._galois_keys is None:
+            self._galois_keys = sa.GaloisKeys()
+            self._galois_keys.load(self.context.seal_context().data, str(self.directory / "galois.keys"))
+        return self._galois_keys
 
     def run(self, cts: list, refresh_fn=None, keys: tuple | None = None) -> list:
         """One query per ciphertext; the packed layout never refreshes (``refresh_fn`` is ignored).

@@ -147,11 +147,14 @@ class PackedProgram:
         """Mask r: the first channel of every head and real position (n of them), in block r of the
         attention period."""
         cfg = self.program.config
-        first = np.zeros((n, cfg.d_model))
-        first[:, ::cfg.d_head] = 1.0
-        return self.cached(("head_masks", n), lambda: [
-            Layout(n, cfg.d_model, self.stride, self.attention_period, offset=r * self.block)
-            .place(first.reshape(-1), self.n_slots) for r in range(self.block // self.stride)])
+
+        def make() -> list[np.ndarray]:
+            first = np.zeros((n, cfg.d_model))
+            first[:, ::cfg.d_head] = 1.0
+            return [Layout(n, cfg.d_model, self.stride, self.attention_period, offset=r * self.block)
+                    .place(first.reshape(-1), self.n_slots) for r in range(self.block // self.stride)]
+
+        return self.cached(("head_masks", n), make)
 
     def block_masks(self, n_blocks: int) -> list[np.ndarray]:
         """Block r of the packed-attention period, as 0/1 slot vectors."""

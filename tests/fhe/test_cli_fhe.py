@@ -35,7 +35,9 @@ def test_compile_report_and_simulated_comparison(tiny_model, tmp_path):
     assert cmp["agreement"]["simulate_vs_clear"] == 1.0
 
 
-def test_fhe_commands_fail_clearly(tiny_model, tmp_path):
+def test_fhe_commands_fail_clearly(tiny_model, tiny_rows_model, tmp_path):
+    res = CliRunner().invoke(main, ["compile", str(tiny_rows_model), "--scheme", "ckks"])  # Inhibitor: deep polynomials
+    assert res.exit_code == 1 and "needs multiplicative depth" in res.output and "--refresh" in res.output
     res = CliRunner().invoke(main, ["compile", str(tiny_model), "--scheme", "ckks"])  # Inhibitor: wide |q − k|
     assert res.exit_code == 1 and "needs a polynomial of degree > 31" in res.output
     assert "relax the tolerance" in res.output

@@ -112,10 +112,11 @@ def lower_packed_inhibitor(pk: PackedProgram, ar: Arith, rot: Rotations, tag: st
     lay, packed, n_blocks = pk.layout(C), pk.pack_attention, pk.block // S
     coeffs = {name: tuple(prog.ops[name]["coeffs"]) for name in prog.ops if name.startswith(f"{tag}.")}
 
-    def proj(name: str, scale: float, shift: float = 0.0) -> Val:  # (W x + b − shift)·scale, on real slots only
+    def proj(name: str, role: str, scale: float = 1.0, shift: float = 0.0) -> Val:
+        """(W x + b − shift)·scale on the real slots; ``role`` names the map (one projection, two uses)."""
         aff = x.apply(per_position(w[f"{key}.{name}.weight"], T) * scale,
                       (np.tile(w[f"{key}.{name}.bias"], T) - shift) * scale)
-        return pk.materialize(ar, rot, f"{key}.{name}.{scale:.6g}", aff, lay).val
+        return pk.materialize(ar, rot, f"{key}.{name}.{role}", aff, lay).val
 
     # offset r: block r of one ciphertext (packed) or ciphertext r; the masks keep the real slots of each
     blocks = [Layout(T, C, S, pk.attention_period, offset=r * pk.block) for r in range(n_blocks)] if packed \
@@ -131,17 +132,17 @@ def lower_packed_inhibitor(pk: PackedProgram, ar: Arith, rot: Rotations, tag: st
 
     mid, half = prog.fit_map(n_abs)
     with ar.stage(f"{tag}.qkv"):
-        q, k = proj("q_proj", 1 / half, mid), proj("k_proj", 1 / half)  # t = (q − k − mid)/half
-        sources = []  # (values, interval name): V, or V⁺ and |V⁻| = V⁺ − V (Eq. 7)
+        q, k = proj("q_proj", "abs", 1 / half, mid), proj("k_proj", "abs", 1 / half)  # t = (q − k − mid)/half
+        # (values, interval name): V, or V⁺ and |V⁻| = V⁺ − V (Eq. 7)
         if signed:
             n_vp = f"{tag}.v_pos.inhibit"
             vmid, vhalf = prog.fit_map(n_vp)
-            v_pos = A.poly_eval(ar, proj("v_proj", 1 / vhalf, vmid), coeffs[n_vp])
+            v_pos = A.poly_eval(ar, proj("v_proj", "v_pos", 1 / vhalf, vmid), coeffs[n_vp])
             v_pos = ar.dot_plain([v_pos], [pk.placed((tag, "real"), np.ones(T * C), lay)])  # 0 off the activation
-            sources = [(v_pos, f"{tag}.values.inhibit"), (ar.add(v_pos, ar.neg(proj("v_proj", 1.0))),
+            sources = [(v_pos, f"{tag}.values.inhibit"), (ar.add(v_pos, ar.neg(proj("v_proj", "v"))),
                                                            f"{tag}.values_neg.inhibit")]
         else:
-            sources = [(proj("v_proj", 1.0), f"{tag}.values.inhibit")]
+            sources = [(proj("v_proj", "v"), f"{tag}.values.inhibit")]
     zmid, zhalf = prog.fit_map(n_z)
     sums = np.kron(np.eye(T * H), np.ones((dh, dh))) / (gamma * zhalf)  # Σ_c over a head, back to its channels
     z_bias = pk.placed((tag, "z_bias"), np.full(T * C, (-alpha - zmid) / zhalf), lay)
