@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.attention import functional as AF
 from quant.config import QuantConfig
 from quant.ir import Graph
 from quant.lowering import Lowering, QValue
@@ -76,7 +77,82 @@ class _DctParams:
         self.n_bar = n_bar
 
 
+# ---------------------------------------------------------------------------------------- the cores
+Lower = Callable[[Lowering, CircuitSpec, QValue, QValue, QValue, Quantizer], QValue]  # (q, k, v) -> H
+Reference = Callable[[CircuitSpec, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Core:
+    """One variant's attention: its integer program (the whole-model lowering code) and its float equation."""
+
+    lower: Lower
+    reference: Reference
+
+
+CORES: dict[Variant, Core] = {}
+
+
+def register_core(*variants: Variant) -> Callable[[Core], Core]:
+    def decorator(core: Core) -> Core:
+        for v in variants:
+            if v in CORES:
+                raise ValueError(f"attention circuit for {v.value!r} registered twice")
+            CORES[v] = core
+        return core
+
+    return decorator
+
+
+def core(variant: Variant) -> Core:
+    try:
+        return CORES[Variant(variant)]
+    except KeyError:
+        raise ValueError(f"no lowering registered for {Variant(variant).value} under the attention circuits "
+                         f"(registered: {', '.join(v.value for v in CORES)})") from None
+
+
+def _inhibitor_lower(low, spec, q, k, v, grid):
+    params = _InhibitorParams(spec.d, spec.alpha, spec.variant is Variant.SIGNED_INHIBITOR)
+    return lower_inhibitor(low, params, q, k, v, grid, "c.attn")
+
+
+def _inhibitor_reference(spec, q, k, v):
+    return AF.inhibitor(q, k, v, math.sqrt(spec.d), spec.alpha, spec.variant is Variant.SIGNED_INHIBITOR)
+
+
+def _power_reference(spec, q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(spec.d)
+    return AF.power_softmax(s, 4, 1e-3, length_agnostic=True) @ v
+
+
+def _geglu_lower(low, spec, q, k, v, grid):
+    unit = _geglu_unit(spec.d, spec.seed)
+    gated, down = lower_geglu(low, unit, low.reshape(v, (spec.seq_len, spec.d), "c.v.flat"), "c.geglu")
+    return low.linear(gated, down.weight, down.bias, "c.geglu.down", "c.geglu")
+
+
+def _geglu_reference(spec, q, k, v):
+    unit = _geglu_unit(spec.d, spec.seed)
+    return unit.down(unit.up_value(v) * torch.nn.functional.gelu(unit.up_gate(v)))
+
+
+register_core(Variant.INHIBITOR, Variant.SIGNED_INHIBITOR)(Core(_inhibitor_lower, _inhibitor_reference))
+register_core(Variant.DOT_PRODUCT)(Core(
+    lambda low, spec, q, k, v, grid: lower_normalized(low, q, k, v, "c.attn", exp_scores()),
+    lambda spec, q, k, v: AF.dot_product(q, k, v)))
+register_core(Variant.POWER_SOFTMAX)(Core(
+    lambda low, spec, q, k, v, grid: lower_normalized(low, q, k, v, "c.attn", power_scores(4), eps=1e-3,
+                                                      length_agnostic=True),
+    _power_reference))
+register_core(Variant.DCT)(Core(
+    lambda low, spec, q, k, v, grid: lower_dct(low, _DctParams(max(1, spec.seq_len // 2)), q, k, v, "c.attn"),
+    lambda spec, q, k, v: AF.dct_attention(q, k, v, max(1, spec.seq_len // 2))))
+register_core(Variant.GEGLU)(Core(_geglu_lower, _geglu_reference))
+
+
 def _geglu_unit(d: int, seed: int) -> nn.Module:
+    """A GEGLU unit with seeded random weights: the same unit for the circuit and its reference."""
     g = torch.Generator().manual_seed(seed)
     unit = nn.Module()
     for name in ("up_value", "up_gate", "down"):
@@ -88,9 +164,11 @@ def _geglu_unit(d: int, seed: int) -> nn.Module:
     return unit
 
 
+# ------------------------------------------------------------------------------------------ building
 def build(spec: CircuitSpec, n_calib: int = 64) -> BuiltCircuit:
     """The integer program of one attention circuit, calibrated on random inputs in [-1, 1]."""
     T, d = spec.seq_len, spec.d
+    attention = core(spec.variant)
     gen = torch.Generator().manual_seed(spec.seed)
     x = torch.rand(n_calib, T, 3 * d, generator=gen, dtype=torch.float64) * 2 - 1
     config = QuantConfig(n_bits=spec.n_bits, lut_bits=spec.lut_bits)
@@ -103,51 +181,22 @@ def build(spec: CircuitSpec, n_calib: int = 64) -> BuiltCircuit:
         part = low.slice_last(inp, lo * d, (lo + 1) * d, f"c.{label}")
         return low.reshape(part, (1, T, d), f"c.{label}.h")
 
-    q, k, v = head(0, "q"), head(1, "k"), head(2, "v")
-    variant = spec.variant
-    unit = None
-    if variant in (Variant.INHIBITOR, Variant.SIGNED_INHIBITOR):
-        params = _InhibitorParams(d, spec.alpha, variant is Variant.SIGNED_INHIBITOR)
-        out = lower_inhibitor(low, params, q, k, v, grid, "c.attn")
-    elif variant is Variant.DOT_PRODUCT:
-        out = lower_normalized(low, q, k, v, "c.attn", exp_scores())
-    elif variant is Variant.POWER_SOFTMAX:
-        out = lower_normalized(low, q, k, v, "c.attn", power_scores(4), eps=1e-3, length_agnostic=True)
-    elif variant is Variant.DCT:
-        out = lower_dct(low, _DctParams(max(1, T // 2)), q, k, v, "c.attn")
-    else:
-        unit = _geglu_unit(d, spec.seed)
-        gated, down = lower_geglu(low, unit, low.reshape(v, (T, d), "c.v.flat"), "c.geglu")
-        out = low.linear(gated, down.weight, down.bias, "c.geglu.down", "c.geglu")
+    out = attention.lower(low, spec, head(0, "q"), head(1, "k"), head(2, "v"), grid)
     if out.shape != (T, d):
         out = low.reshape(out, (T, d), "c.out")
     low.graph.set_output(out.node)
     calib_ints = grid.quantize_np(x.numpy())
     low.graph.calibrate(calib_ints)
-    return BuiltCircuit(spec, low.graph, calib_ints, out.scale, _reference(spec, grid, unit))
+    return BuiltCircuit(spec, low.graph, calib_ints, out.scale, _reference(spec, grid, attention))
 
 
-def _reference(spec: CircuitSpec, grid: Quantizer, unit: nn.Module | None) -> Callable[[np.ndarray], np.ndarray]:
+def _reference(spec: CircuitSpec, grid: Quantizer, attention: Core) -> Callable[[np.ndarray], np.ndarray]:
     """The float attention (models.attention.functional) on the dequantized input, for error reports."""
-    from models.attention import functional as AF
-
     d = spec.d
 
     def ref(x_int: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(np.asarray(x_int, dtype=np.float64) * grid.scale)
-        q, k, v = x[..., :d], x[..., d : 2 * d], x[..., 2 * d :]
         with torch.no_grad():
-            if spec.variant in (Variant.INHIBITOR, Variant.SIGNED_INHIBITOR):
-                out = AF.inhibitor(q, k, v, math.sqrt(d), spec.alpha, spec.variant is Variant.SIGNED_INHIBITOR)
-            elif spec.variant is Variant.DOT_PRODUCT:
-                out = AF.dot_product(q, k, v)
-            elif spec.variant is Variant.POWER_SOFTMAX:
-                s = q @ k.transpose(-2, -1) / math.sqrt(d)
-                out = AF.power_softmax(s, 4, 1e-3, length_agnostic=True) @ v
-            elif spec.variant is Variant.DCT:
-                out = AF.dct_attention(q, k, v, max(1, spec.seq_len // 2))
-            else:
-                out = unit.down(unit.up_value(v) * torch.nn.functional.gelu(unit.up_gate(v)))
-        return out.numpy()
+            return attention.reference(spec, x[..., :d], x[..., d : 2 * d], x[..., 2 * d :]).numpy()
 
     return ref

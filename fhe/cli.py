@@ -1,7 +1,12 @@
-"""The ``fhe`` command line: train, and (as backends land) compile, run, compare and report."""
+"""The ``fhe`` command line: each command parses its options, makes one :mod:`fhe.api` call and prints.
+
+Library errors become click errors in one place (:func:`library_errors`): a
+:class:`~fhe.errors.BadOptionError` exits 2 (usage), any other :class:`~fhe.errors.FheError` exits 1.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -12,9 +17,35 @@ import click
 import numpy as np
 
 from models.config import Activation, AttentionKind, NormKind
-from quant.config import DEFAULT_CALIB_SAMPLES
 
 KINDS = [k.value for k in AttentionKind]
+SCHEMES = ["tfhe", "ckks"]
+
+
+def library_errors(fn):
+    """Run a command body, turning the library's errors into click's (usage: exit 2, failure: exit 1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from fhe.errors import BadOptionError, FheError
+
+        try:
+            return fn(*args, **kwargs)
+        except BadOptionError as exc:
+            raise click.UsageError(str(exc)) from exc
+        except (FheError, FileNotFoundError) as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+def _echo_err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def _write_json(path: Path | None, payload: dict) -> None:
+    if path:
+        path.write_text(json.dumps(payload, indent=2))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -79,114 +110,30 @@ def main() -> None:
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None,
               help="Also write the training summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(task, attention, layers, d_model, heads, d_ff, epochs, batch_size, lr, seed, norm, ffn_activation, seq_len,
-          data_dir, limit, patch, range_loss, act_range_loss, range_threshold, act_range_threshold, init_path,
-          power_eps, power_form, qat_bits, qat_epochs, qat_method, qat_attention_bits, qat_lut_bits, qat_lr, output,
-          json_path, quiet) -> None:
+@library_errors
+def train(output, json_path, quiet, **options) -> None:
     """Train a model on a task and save config + weights to OUTPUT."""
     import torch
 
-    from models.presets import PRESETS
-    from models.tasks import DataFileError, load_task
-    from models.training import TrainConfig, config_for_task, save_checkpoint
-    from models.training import train as run_training
+    from fhe import api
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    preset = PRESETS[task]
-    try:
-        data = load_task(task, data_dir=data_dir, seq_len=seq_len, limit=limit, patch=patch)
-    except (DataFileError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from exc
-    power_options = {k: v for k, v in (("power_form", power_form), ("power_eps", power_eps)) if v is not None}
-    try:
-        model_config = config_for_task(
-            data, attention=attention, d_model=d_model or preset.d_model, n_heads=heads or preset.n_heads,
-            d_ff=d_ff, n_layers=layers or preset.n_layers, norm=norm, ffn_activation=ffn_activation, **power_options)
-        train_config = TrainConfig(epochs=preset.epochs if epochs is None else epochs,
-                                   batch_size=batch_size or preset.batch_size, lr=lr or preset.lr, seed=seed,
-                                   range_loss_weight=range_loss, act_range_loss_weight=act_range_loss,
-                                   range_threshold=range_threshold, act_range_threshold=act_range_threshold)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
-    init_model = None
-    if init_path is not None:
-        from models.training import load_checkpoint
-        from models.transformer import Transformer
-
-        try:
-            base = load_checkpoint(init_path).model
-        except (FileNotFoundError, ValueError) as exc:
-            raise click.UsageError(str(exc)) from exc
-        given = click.get_current_context().get_parameter_source("attention")
-        if given is not click.core.ParameterSource.DEFAULT and attention != base.config.attention.value:
-            raise click.UsageError(f"--init {init_path} is a {base.config.attention.value} model; fine-tuning keeps "
-                                   f"its architecture, so --attention {attention} cannot apply (train from scratch)")
-        model_config = base.config.replace(**power_options)
-        attention = model_config.attention.value
-        init_model = Transformer(model_config)
-        init_model.load_state_dict(base.state_dict())
-    result = run_training(model_config, data, train_config, progress=not quiet, model=init_model)
-    extra = {"train": train_config.__dict__, "history": result.history}
-    if qat_bits is not None:
-        float_score = result.test_score
-        qat_config = TrainConfig(epochs=qat_epochs or train_config.epochs, batch_size=train_config.batch_size,
-                                 lr=qat_lr, seed=seed)
-        if qat_method == "brevitas":
-            from quant.qat import prepare_qat, strip_qat
-
-            try:
-                qat_model = prepare_qat(result.model, qat_bits)
-            except ValueError as exc:
-                raise click.UsageError(str(exc)) from exc
-            result = run_training(model_config, data, qat_config, progress=not quiet, model=qat_model)
-            result.model = strip_qat(result.model)
-            extra.update(qat_bits=qat_bits, qat_method=qat_method, float_test=float_score,
-                         qat_history=result.history)
-        else:
-            from fhe.tfhe_recipe import resolve_quant
-            from quant.program_qat import train_program
-
-            try:
-                quant = resolve_quant(None, n_bits=qat_bits, attention_bits=qat_attention_bits,
-                                      lut_bits=qat_lut_bits)
-            except ValueError as exc:
-                raise click.UsageError(str(exc)) from exc
-            qat = train_program(result.model, data, quant, qat_config, progress=not quiet)
-            result.model, result.test_score = qat.model, qat.program_score
-            extra.update(qat_bits=qat_bits, qat_method=qat_method, float_test=float_score, quant=quant.to_dict(),
-                         qat_history=qat.history)
-            click.echo(f"integer program (the QAT model's forward) test {result.metric.value}: "
-                       f"{qat.program_score:.4f}")
-        click.echo(f"float test {result.metric.value} before QAT: {float_score:.4f}")
-    save_checkpoint(output, result.model, data, **extra)
-    summary = {"task": task, "attention": attention, "metric": result.metric.value, "test": result.test_score,
-               "n_test": len(data.x_test), "params": sum(p.numel() for p in result.model.parameters()),
-               "output": str(output)}
-    if json_path:
-        json_path.write_text(json.dumps(summary, indent=2))
-    shown = f"{100 * result.test_score:.2f}%" if result.metric.value == "accuracy" else f"{result.test_score:.5f}"
-    if "quant" in extra:
+    given = click.get_current_context().get_parameter_source("attention")
+    req = api.TrainRequest(**options, attention_given=given is not click.core.ParameterSource.DEFAULT)
+    outcome = api.train_model(req, progress=not quiet)
+    outcome.save(output)
+    metric = outcome.metric
+    if outcome.integer_program:
+        click.echo(f"integer program (the QAT model's forward) test {metric}: {outcome.test_score:.4f}")
+    if req.qat_bits is not None:
+        click.echo(f"float test {metric} before QAT: {outcome.float_score:.4f}")
+    summary = outcome.summary(output)
+    _write_json(json_path, summary)
+    shown = f"{100 * outcome.test_score:.2f}%" if metric == "accuracy" else f"{outcome.test_score:.5f}"
+    if outcome.integer_program:
         shown += " (integer program)"
-    click.echo(f"{task} / {attention}: test {result.metric.value} = {shown} on {len(data.x_test)} samples "
+    click.echo(f"{req.task} / {outcome.attention}: test {metric} = {shown} on {summary['n_test']} samples "
                f"({summary['params']} parameters) -> {output}")
-
-
-def load_model_and_task(model_path: Path, data_dir: Path | None):
-    """(checkpoint, task data) for a saved model, with click errors for bad files."""
-    from models.tasks import DataFileError, load_task_of
-    from models.training import load_checkpoint
-
-    try:
-        ckpt = load_checkpoint(model_path)
-    except (FileNotFoundError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from exc
-    if not ckpt.task:
-        raise click.UsageError(f"{model_path} records no task")
-    try:
-        data = load_task_of(ckpt.task, data_dir=data_dir, seq_len=ckpt.model.config.seq_len)
-    except DataFileError as exc:
-        raise click.UsageError(str(exc)) from exc
-    return ckpt, data
 
 
 def quant_options(fn):
@@ -230,110 +177,39 @@ def make_quant_config(n_bits, weight_bits, input_bits, rounding_bits, per_channe
               help="Values outside the calibrated bit widths: stop with an error, or saturate and count.")
 @click.option("--nodes", "show_nodes", is_flag=True, help="Print the per-node bit-width table.")
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
+@library_errors
 def quantize(model_path, n_bits, weight_bits, input_bits, rounding_bits, per_channel, asymmetric, range_mode, n_calib,
              data_dir, n_test, policy, show_nodes, json_path) -> None:
     """Quantize MODEL_PATH to an integer program; report bit widths and float vs integer accuracy."""
-    from models.training import predict
-    from quant import ExportError, OverflowPolicy, RangeOverflowError, export
-    from quant.report import accuracy, format_program, program_summary
+    from fhe import api
+    from quant.report import format_program
 
-    ckpt, data = load_model_and_task(model_path, data_dir)
-    qconfig = make_quant_config(n_bits, weight_bits, input_bits, rounding_bits, per_channel, asymmetric, range_mode)
-    try:
-        program = export(ckpt.model, data.x_train[:n_calib], qconfig)
-    except ExportError as exc:
-        raise click.ClickException(str(exc)) from exc
-    x, y = data.x_test[:n_test], data.y_test[:n_test].numpy()
-    try:
-        out_int, clipped = program.run_int(program.quantize_input(x), OverflowPolicy(policy))
-    except RangeOverflowError as exc:
-        raise click.ClickException(str(exc)) from exc
-    summary = program_summary(program.graph)
-    summary.update(n_bits=n_bits, float_accuracy=accuracy(predict(ckpt.model, x).numpy(), y),
-                   int_accuracy=accuracy(program.dequantize_output(out_int), y), n_test=len(y),
-                   clipped_values=sum(clipped.values()), input_clipped=program.input_clip_count(x))
+    config = make_quant_config(n_bits, weight_bits, input_bits, rounding_bits, per_channel, asymmetric, range_mode)
+    program, summary = api.quantize_file(model_path, config, n_calib, data_dir, n_test, policy)
     if show_nodes:
         click.echo(format_program(program.graph))
     for key in ("n_bits", "max_bit_width", "max_lut_input_bits", "fits_tfhe", "pbs_estimate", "float_accuracy",
                 "int_accuracy", "n_test", "clipped_values", "input_clipped"):
         click.echo(f"{key:>20}: {summary[key]}")
-    if json_path:
-        json_path.write_text(json.dumps(summary, indent=2))
+    _write_json(json_path, summary)
 
 
 @main.command()
 @click.argument("model_path", type=click.Path(path_type=Path))
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+@library_errors
 def evaluate(model_path, data_dir) -> None:
     """Reload MODEL_PATH and report its test score on its task."""
+    from fhe import api
     from models.training import evaluate as run_eval
 
-    ckpt, data = load_model_and_task(model_path, data_dir)
+    ckpt, data = api.load_model_and_task(model_path, data_dir)
     click.echo(f"{ckpt.task['name']}: test {data.metric.value} = {run_eval(ckpt.model, data):.4f}")
 
 
 # ------------------------------------------------------------------------------------------------
 # FHE: compile, run, compare, report
 # ------------------------------------------------------------------------------------------------
-SCHEMES = ["tfhe", "ckks"]
-
-
-def _artifact_meta(model_path, ckpt) -> dict:
-    """What artifacts record of the model: its file, and its task with the tokenisation (`fhe run`)."""
-    return {"model_path": str(model_path), "task": ckpt.task["name"],
-            "patch": (ckpt.task.get("meta") or {}).get("patch")}
-
-
-TFHE_QUANT_OPTIONS = ("n_bits", "weight_bits", "input_bits", "attention_bits", "rounding_bits", "lut_bits",
-                      "range_mode")
-
-
-def _compile(model_path, opts: dict, simulate_only: bool = False):
-    """(checkpoint, task data, compiled TFHE model) for the `fhe compile/compare` options ``opts``."""
-    from fhe.harness import compile_model
-    from fhe.schemes import TfheParams
-    from fhe.tfhe_recipe import resolve_quant
-    from quant import BitWidthError, ExportError
-
-    ckpt, data = load_model_and_task(model_path, opts["data_dir"])
-    try:
-        qconfig = resolve_quant(ckpt.extra.get("quant"), **{k: opts[k] for k in TFHE_QUANT_OPTIONS})
-        params = TfheParams(quant=qconfig, p_error=opts["p_error"],
-                            global_p_error=opts["global_p_error"], inputset_size=opts["inputset"],
-                            exact_rounding=opts["rounding"] == "exact", ranges=opts["ranges"],
-                            compress_keys=opts["compress_keys"])
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
-    try:
-        compiled = compile_model(ckpt.model, data.x_train[:opts["n_calib"] or DEFAULT_CALIB_SAMPLES], params, qconfig,
-                                 simulate_only=simulate_only,
-                                 meta={**_artifact_meta(model_path, ckpt), "quant": qconfig.to_dict()})
-    except (ExportError, BitWidthError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    except RuntimeError as exc:
-        if "NoParametersFound" not in str(exc):
-            raise
-        raise click.ClickException(
-            "Concrete found no TFHE parameters for the widest lookup or encrypted product of this program (see "
-            "`fhe quantize MODEL --nodes` for the widths). Narrow them: --lut-bits 4, --attention-bits 3, "
-            "--n-bits 5, or fewer tokens / a smaller --d-model when training.") from exc
-    return ckpt, data, compiled
-
-
-def _keygen_checked(compiled) -> None:
-    """Print the expected key size and latency, refuse keys that will not fit, then generate them."""
-    from fhe.tfhe_recipe import KeysTooLargeError, preflight
-
-    check = preflight(compiled.backend.circuit)
-    click.echo(check.describe())
-    try:
-        check.check()
-    except KeysTooLargeError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo("generating keys ...")
-    compiled.keygen()
-
-
 def fhe_options(fn):
     opts = [
         click.option("--scheme", type=click.Choice(SCHEMES), default="tfhe", show_default=True),
@@ -388,92 +264,6 @@ def fhe_options(fn):
     return fn
 
 
-CKKS_OPTIONS = ("data_dir", "n_calib", "poly_modulus_degree", "scale_bits", "refresh", "reciprocal_tol",
-                "activation_tol", "max_degree", "margin", "layout")
-
-
-def _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
-                  activation_tol, max_degree, margin, layout="batch", simulate_only=False):
-    from fhe.ckks import ApproxConfig, PolynomialError
-    from fhe.ckks.approx import ApproximationError
-    from fhe.ckks.planner import DepthError
-    from fhe.harness import compile_model
-    from fhe.schemes import CkksParams
-
-    ckpt, data = load_model_and_task(model_path, data_dir)
-    n_calib = n_calib or 5000
-    try:
-        params = CkksParams(poly_modulus_degree=int(poly_modulus_degree) if poly_modulus_degree else None,
-                            scale_bits=scale_bits, refresh=refresh, layout=layout,
-                            approx=ApproxConfig(reciprocal_tol=reciprocal_tol, activation_tol=activation_tol,
-                                                max_degree=max_degree, margin=margin))
-        meta = _artifact_meta(model_path, ckpt)
-        try:
-            compiled = compile_model(ckpt.model, data.x_train[:n_calib], params, meta=meta)
-        except DepthError as exc:
-            if not simulate_only or layout == "packed":
-                raise
-            click.echo(f"note: {str(exc).split(';')[0].split(' and TenSEAL')[0]}; simulating anyway "
-                       "(no encryption), parameters planned with --refresh", err=True)
-            compiled = compile_model(ckpt.model, data.x_train[:n_calib], params.replace(refresh=True), meta=meta)
-    except (PolynomialError, ApproximationError, DepthError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    return ckpt, data, compiled
-
-
-def print_ckks_report(rep: dict) -> None:
-    rows = [("scheme", rep["scheme"]), ("layout", rep["layout"]), ("seq_len", rep["seq_len"]),
-            ("depth", rep["depth"]), ("poly_modulus_degree", rep["poly_modulus_degree"]),
-            ("coeff_mod_bit_sizes", rep["coeff_mod_bit_sizes"]), ("scale_bits", rep["scale_bits"]),
-            ("security_bits", rep["security_bits"]), ("slots (samples per ciphertext)", rep["slots"]),
-            ("client-assisted refresh", rep["client_assisted_refresh"]),
-            ("program depth without refresh", rep["program_depth_without_refresh"])]
-    if rep["layout"] == "packed":
-        rows += [("rotation steps (one Galois key each)", len(rep["rotation_steps"]))]
-    rows += [(f"ops.{k}", v) for k, v in rep["op_counts"].items()]
-    rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
-    rows += [(f"time.{k} (s)", f"{v:.3f}") for k, v in rep["timings_s"].items()]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        click.echo(f"  {k:<{width}}  {v}")
-    click.echo("  level after each stage: " + ", ".join(f"{t} {d}" for t, d in rep["depth_per_tag"].items()))
-    for name, op in rep["approximations"].items():
-        detail = (f"{op['iterations']} iterations" if "iterations" in op else
-                  f"degree {op['degree']}, max error {op['max_error']:.3g}")
-        click.echo(f"  {name}: calibrated [{op['calibrated'][0]:.4g}, {op['calibrated'][1]:.4g}], {detail}")
-
-
-def print_report(rep: dict) -> None:
-    rows = [("scheme", rep["scheme"]), ("seq_len", rep["seq_len"]), ("n_bits", rep["n_bits"]),
-            ("PBS", rep["pbs_count"]), ("max bit width", rep["max_bit_width"]),
-            ("rounding", "exact" if rep["exact_rounding"] else "approximate"),
-            ("ranges", _ranges_line(rep))]
-    rows += [(f"params.{k}", v) for k, v in rep["params"].items()]
-    rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
-    rows += [(f"time.{k} (s)", "—" if v is None else f"{v:.3f}") for k, v in rep["timings_s"].items()]
-    rows += [("est. latency (s)", f"{rep['estimated_latency_s']:.1f}")]
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        click.echo(f"  {k:<{width}}  {v}")
-    click.echo("\n  | stage | PBS | lookup input bits | max width | parameter sets (PBS each) | est. time share |")
-    click.echo("  |---|---|---|---|---|---|")
-    for r in rep["stages"]:
-        params = "; ".join(f"{p}: {n}" for p, n in r["params"].items()) or "—"
-        click.echo(f"  | {r['tag']} | {r['pbs']} | {r['lookup_input_bits'] or '—'} | {r['bit_width']} | {params} | "
-                   f"{100 * r['est_time_share']:.1f}% |")
-
-
-def _ranges_line(rep: dict) -> str:
-    if rep["ranges"] == "proven":
-        return "proven (no accepted input can overflow)"
-    risks = rep["overflow_risks"]
-    if not risks:
-        return "calibrated (proven safe for every accepted input)"
-    return (f"calibrated: {len(risks)} node(s) can overflow on inputs unlike the calibration set (e.g. "
-            f"{risks[0]['node']}: {risks[0]['calibrated_bits']} -> {risks[0]['proven_bits']} bits); the client "
-            "refuses such inputs; --ranges proven rules them out")
-
-
 @main.command(name="compile")
 @click.argument("model_path", type=click.Path(path_type=Path))
 @fhe_options
@@ -481,125 +271,44 @@ def _ranges_line(rep: dict) -> str:
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Write client/ (with secret keys) and server/ (circuit + evaluation keys only) artifacts.")
 @click.option("--no-run", is_flag=True, help="Skip keygen and the timing run of one encrypted sample.")
-def compile_cmd(model_path, scheme, json_path, out_dir, no_run, **opts) -> None:
+@library_errors
+def compile_cmd(model_path, json_path, out_dir, no_run, **opts) -> None:
     """Compile MODEL_PATH into an encrypted program and print its cost report."""
-    if scheme == "ckks":
-        _compile_ckks_cmd(model_path, *(opts[k] for k in CKKS_OPTIONS), json_path, out_dir, no_run)
-        return
-    click.echo(f"compiling {model_path} for TFHE ...")
-    _, data, compiled = _compile(model_path, opts)
-    q = compiled.program.config
-    click.echo(f"quantization: {q.n_bits}-bit activations, {q.w_bits}-bit weights, {q.in_bits}-bit inputs, "
-               f"attention {q.bits_for('block0.mix.qk')} bits, lookups <= {q.lut_bits or 'unrounded'} bits, "
-               f"{q.range_mode.value} ranges")
-    calib_x = data.x_train[: opts["n_calib"] or DEFAULT_CALIB_SAMPLES]
-    check = compiled.verify(calib_x, limit=len(calib_x))
-    click.echo(check.describe())
-    if not check.exact and compiled.backend.params.exact_rounding:
-        from fhe.harness import locate_divergence
+    from fhe import api
+    from fhe.summaries import format_report
 
-        click.echo("locating the first diverging node (compiling prefixes of the program) ...")
-        where = locate_divergence(compiled, calib_x, check)
-        raise click.ClickException(
-            "the compiled circuit does not compute the integer program (Concrete's simulation differs on "
-            f"{check.n - check.n_equal} calibration samples; "
-            f"{where.describe() if where else 'no prefix of the program reproduces it'}); refusing to produce keys "
-            "or artifacts. Please report it with the model file; another --lut-bits may avoid it.")
+    options = api.CompileOptions.from_mapping(opts)
+    what = "TFHE" if options.scheme == "tfhe" else f"CKKS (polynomial program, {options.layout} layout)"
+    click.echo(f"compiling {model_path} for {what} ...")
+    c = api.compile_file(model_path, options, on_message=click.echo)
+    api.check_circuit(c, on_message=click.echo)
     if not no_run:
-        _keygen_checked(compiled)
+        api.keygen(c, on_message=click.echo)
         click.echo("running one encrypted test sample ...")
-        x = data.x_test[:1]
-        got = compiled.backend.encrypt_run_decrypt(compiled.program.quantize_input(x)[0])
-        want, _ = compiled.program.run_int(compiled.program.quantize_input(x), "clip")
-        click.echo(f"encrypted output equals the clear integer program: {bool(np.array_equal(got, want[0]))}")
-    _report_and_save(compiled, print_report, json_path, out_dir, "no secret key",
-                     keygen_first=(lambda: _keygen_checked(compiled)) if no_run else None)
-
-
-def _report_and_save(compiled, print_fn, json_path, out_dir, server_label: str, keygen_first=None) -> None:
-    """Print the cost report, write it as JSON, and write the client/server artifacts (both schemes);
-    ``keygen_first``: what generates the keys when they do not exist yet."""
-    rep = compiled.report()
-    print_fn(rep)
-    if json_path:
-        json_path.write_text(json.dumps(rep, indent=2))
+        click.echo(api.one_encrypted_sample(c).describe())
     if out_dir:
-        if keygen_first:
-            keygen_first()
-        paths = compiled.save(out_dir, include_secret_key=True)
-        click.echo(f"server artifact ({server_label}): {paths['server']}; client artifact: {paths['client']}")
-
-
-def _compile_ckks_cmd(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
-                      activation_tol, max_degree, margin, layout, json_path, out_dir, no_run) -> None:
-    click.echo(f"compiling {model_path} for CKKS (polynomial program, {layout} layout) ...")
-    _, data, compiled = _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh,
-                                      reciprocal_tol, activation_tol, max_degree, margin, layout)
-    if not no_run or out_dir:
-        compiled.keygen()
-    if not no_run:
-        click.echo("running one encrypted test sample ...")
-        x = data.x_test[:1]
-        got, want = compiled.encrypt_run_decrypt(x), compiled.simulate(x)
-        click.echo(f"encrypted vs clear polynomial program: max |error| {np.abs(got - want).max():.2e}")
-    _report_and_save(compiled, print_ckks_report, json_path, out_dir, "public context, no secret key")
+        paths = api.save_artifacts(c, out_dir, on_message=click.echo)
+    rep = c.report()
+    click.echo(format_report(rep))
+    _write_json(json_path, rep)
+    if out_dir:
+        label = "no secret key" if options.scheme == "tfhe" else "public context, no secret key"
+        click.echo(f"server artifact ({label}): {paths['server']}; client artifact: {paths['client']}")
 
 
 @main.command(name="run")
 @click.argument("artifact_dir", type=click.Path(path_type=Path))
 @click.option("--sample", type=int, default=0, show_default=True, help="Index into the task's test split.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+@library_errors
 def run_cmd(artifact_dir, sample, data_dir) -> None:
     """Encrypt a test sample with the client artifact, run it on the server artifact, decrypt."""
-    import time
+    from fhe import api
 
-    from models.tasks import load_task
-
-    if (artifact_dir / "server" / "program.json").exists():
-        _run_ckks(artifact_dir, sample, data_dir)
-        return
-    from fhe.backends.tfhe import TfheClient, TfheServer
-
-    try:
-        client, server = TfheClient(artifact_dir / "client"), TfheServer(artifact_dir / "server")
-    except (FileNotFoundError, RuntimeError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    meta = client.meta
-    data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch"))
-    if not 0 <= sample < len(data.x_test):
-        raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}] for {meta['task']}, got {sample}")
-    from fhe.deploy.client import quantize_input
-
-    x_int = quantize_input(meta, data.x_test[sample].numpy())
-    start = time.perf_counter()
-    out = client.decrypt(server.run(client.encrypt(x_int))) * np.asarray(meta["output_scale"])
-    click.echo(f"sample {sample}: label {int(data.y_test[sample])}, encrypted prediction {int(out.argmax())} "
-               f"({time.perf_counter() - start:.1f} s); logits {np.round(out, 3).tolist()}")
-    if meta.get("overflow_risks"):
-        click.echo(f"note: compiled with calibrated ranges; {len(meta['overflow_risks'])} node(s) can overflow on "
-                   "inputs unlike the calibration set, which this client (holding no program) cannot check. "
-                   "`fhe compare` refuses such inputs; `fhe compile --ranges proven` rules them out.", err=True)
-
-
-def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
-    import time
-
-    from fhe.backends.ckks_packed import open_client, open_server
-    from models.tasks import load_task
-
-    try:
-        client, server = open_client(artifact_dir / "client"), open_server(artifact_dir / "server")
-    except (FileNotFoundError, RuntimeError) as exc:
-        raise click.ClickException(str(exc)) from exc
-    data = load_task(server.meta["task"], data_dir=data_dir, seq_len=server.meta["seq_len"],
-                     patch=server.meta.get("patch"))
-    if not 0 <= sample < len(data.x_test):
-        raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}], got {sample}")
-    start = time.perf_counter()
-    cts = client.encrypt(data.x_test[sample:sample + 1].numpy())
-    out = client.decrypt(server.run(cts, client.refresh(server.context)))[0]
-    click.echo(f"sample {sample}: label {int(data.y_test[sample])}, encrypted prediction {int(out.argmax())} "
-               f"({time.perf_counter() - start:.1f} s, CKKS); logits {np.round(out, 3).tolist()}")
+    run = api.run_artifact(artifact_dir, sample, data_dir)
+    click.echo(run.describe())
+    for note in run.notes:
+        _echo_err(note)
 
 
 @main.command()
@@ -611,38 +320,30 @@ def _run_ckks(artifact_dir: Path, sample: int, data_dir) -> None:
 @click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="TFHE execute: spread the encrypted samples over N local Ray workers (0: in this process).")
 @click.option("--ray", "ray_address", default=None, help="TFHE execute: join the Ray cluster at this address.")
-def compare(model_path, scheme, n_samples, mode, json_path, workers, ray_address, **opts) -> None:
+@library_errors
+def compare(model_path, n_samples, mode, json_path, workers, ray_address, **opts) -> None:
     """Float vs clear-integer vs simulated/encrypted accuracy and agreement on N test samples
     (CKKS: float vs clear polynomial program vs encrypted, with output MSE)."""
     from tqdm import tqdm
 
-    from fhe.compare import NothingToCompareError, compare_tfhe
+    from fhe import api
 
-    if scheme == "ckks":
-        _compare_ckks(model_path, *(opts[k] for k in CKKS_OPTIONS), n_samples, mode, json_path)
-        return
-    _, data, compiled = _compile(model_path, opts, simulate_only=mode == "simulate")
-    if mode == "execute":
-        _keygen_checked(compiled)
+    options = api.CompileOptions.from_mapping(opts)
     where = f"{workers or 'cluster'} Ray workers" if mode == "execute" and (workers or ray_address) else "this process"
-    with tqdm(desc=f"{mode} ({where})", unit="sample") as bar:
+    with tqdm(desc=f"{mode} ({where})", unit="sample", disable=options.scheme != "tfhe") as bar:
         def progress(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
 
-        try:
-            result = compare_tfhe(compiled, data.x_test[:n_samples], data.y_test[:n_samples].numpy(), mode, workers,
-                                  ray_address, progress=progress, on_message=click.echo)
-        except NothingToCompareError as exc:
-            raise click.ClickException(str(exc)) from exc
+        result = api.compare_file(model_path, options, n_samples, mode, workers, ray_address, progress=progress,
+                                  on_message=_echo_err)
     for k, v in result.items():
-        click.echo(f"{k:>20}: {v}")
-    if result["refused_overflow"]:
-        click.echo(f"warning: {result['refused_overflow']} sample(s) would take a value outside the calibrated bit "
-                   "widths (the encrypted circuit would wrap around); the client refused them and the figures above "
-                   "leave them out. Compile with --ranges proven, or calibrate on data like them (--calib).", err=True)
-    if json_path:
-        json_path.write_text(json.dumps(result, indent=2))
+        click.echo(f"{k:>24}: {v}")
+    if result.get("refused_overflow"):
+        _echo_err(f"warning: {result['refused_overflow']} sample(s) would take a value outside the calibrated bit "
+                  "widths (the encrypted circuit would wrap around); the client refused them and the figures above "
+                  "leave them out. Compile with --ranges proven, or calibrate on data like them (--calib).")
+    _write_json(json_path, result)
 
 
 @main.command()
@@ -654,49 +355,13 @@ def compare(model_path, scheme, n_samples, mode, json_path, workers, ray_address
 @click.option("--block", type=click.IntRange(min=1), default=None,
               help="CKKS: samples per SIMD batch (one work item per batch; default: split evenly over workers).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+@library_errors
 def batch(artifact_dir, n_samples, workers, ray_address, block, data_dir) -> None:
     """Encrypt the first N test samples with ARTIFACT_DIR/client, run them on ARTIFACT_DIR/server (in
     this process or on Ray workers), decrypt, and print accuracy and throughput."""
-    from fhe.deploy.batch import run_batch
-    from fhe.deploy.client import Client
-    from fhe.errors import FheError
-    from models.tasks import load_task
+    from fhe import api
 
-    try:
-        client = Client(artifact_dir / "client")
-        meta = client.meta
-        data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch"))
-        x, y = data.x_test[:n_samples].numpy(), data.y_test[:n_samples].numpy()
-        if client.scheme == "tfhe":
-            groups = [xi for xi in x]
-        else:
-            size = block or -(-len(x) // max(1, workers))
-            groups = [x[i:i + size] for i in range(0, len(x), size)]
-        payloads = [client.encrypt(g) for g in groups]
-        result = run_batch(artifact_dir / "server", client.public_keys(), payloads, workers, ray_address)
-        logits = np.concatenate([np.asarray(client.decrypt(o)).reshape(-1, data.n_outputs) for o in result.outputs])
-    except FheError as exc:
-        raise click.ClickException(str(exc)) from exc
-    where = "in this process" if not result.workers else f"on {result.workers} Ray workers"
-    per_worker = ", ".join(f"{s:.1f}" for s in result.per_worker_setup_s)
-    click.echo(f"{len(x)} samples {where}: accuracy {(logits.argmax(-1) == y).mean():.4f}; "
-               f"setup {result.setup_s:.1f} s (per worker {per_worker} s), run {result.run_s:.1f} s, "
-               f"{len(x) / result.run_s:.3f} samples/s")
-
-
-def _compare_ckks(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh, reciprocal_tol,
-                  activation_tol, max_degree, margin, layout, n_samples, mode, json_path) -> None:
-    from fhe.ckks.compare import compare_ckks
-
-    _, data, compiled = _ckks_compile(model_path, data_dir, n_calib, poly_modulus_degree, scale_bits, refresh,
-                                      reciprocal_tol, activation_tol, max_degree, margin, layout,
-                                      simulate_only=mode == "simulate")
-    x, y = data.x_test[:n_samples], data.y_test[:n_samples].numpy()
-    result = compare_ckks(compiled, x, y, execute=mode == "execute", progress=lambda m: click.echo(m, err=True))
-    for k, v in result.items():
-        click.echo(f"{k:>24}: {v}")
-    if json_path:
-        json_path.write_text(json.dumps(result, indent=2))
+    click.echo(api.batch_artifact(artifact_dir, n_samples, workers, ray_address, block, data_dir).describe())
 
 
 @main.command()
@@ -719,36 +384,15 @@ def report(seq_lens, d, n_bits, lut_bits, variants, mode, repeats, out_dir, stem
     """Sweep attention over sequence lengths: TFHE single-head circuits (PBS, bit widths, crypto parameters,
     keygen and encrypted run time) or, with --scheme ckks, one-block models per attention kind (depth,
     operations, Galois keys, estimated latency; --mode execute runs the packed ones). Markdown, JSON, PNG."""
-    try:
-        lens = [int(t) for t in seq_lens.split(",")]
-    except ValueError:
-        raise click.UsageError(f"--seq-lens must be a comma-separated list of integers, got {seq_lens!r}") from None
-    if scheme == "ckks":
-        from circuits import ckks_sweep
+    from circuits.study import parse_seq_lens, study
 
-        kinds = variants.split(",") if variants != "inhibitor,dot-product" else list(ckks_sweep.KINDS)
-        bad = [k for k in kinds if k not in ckks_sweep.KINDS]
-        if bad:
-            raise click.UsageError(f"--variants for CKKS: {', '.join(ckks_sweep.KINDS)}; got {', '.join(bad)}")
-        command = "fhe " + " ".join(sys.argv[1:])
-        reps = ckks_sweep.sweep(kinds, lens, tuple(layouts.split(",")), execute=mode == "execute",
-                                progress=lambda m: click.echo(f"  {m} ...", err=True),
-                                on_row=lambda rows: ckks_sweep.write(rows, out_dir, stem or "ckks_attention", command))
-        paths = ckks_sweep.write(reps, out_dir, stem or "ckks_attention", command)
-        click.echo(paths["md"].read_text())
-        click.echo(f"wrote {paths['md']}, {paths['json']}, {paths['png']}")
-        return
-    from circuits.report import write
-    from circuits.sweep import sweep
-
-    stem = stem or "tfhe_attention"
     try:
-        names = variants.split(",")
-        reports = sweep(names, lens, d, n_bits, lut_bits or None, execute=mode == "execute", repeats=repeats,
-                        progress=lambda spec: click.echo(f"  {spec.name} ...", err=True))
+        names = None if variants == "inhibitor,dot-product" and scheme == "ckks" else variants.split(",")
+        paths = study(scheme, names, parse_seq_lens(seq_lens), out_dir, "fhe " + " ".join(sys.argv[1:]), stem,
+                      execute=mode == "execute", layouts=tuple(layouts.split(",")), d=d, n_bits=n_bits,
+                      lut_bits=lut_bits or None, repeats=repeats, progress=_echo_err)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    paths = write(reports, out_dir, stem, "fhe " + " ".join(sys.argv[1:]))
     click.echo(paths["md"].read_text())
     click.echo(f"wrote {paths['md']}, {paths['json']}, {paths['png']}")
 
@@ -780,47 +424,35 @@ def serve(artifact_dir, host, port, keys_dir, max_payload_mb, max_keys_mb) -> No
 @click.option("--input", "input_path", type=click.Path(path_type=Path), default=None,
               help="A .npy file with one input (the model's input shape, floats).")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+@library_errors
 def client_cmd(client_dir, url, sample, input_path, data_dir) -> None:
     """Encrypt an input with CLIENT_DIR's keys, have the service at --url run it, decrypt the answer."""
     import httpx
 
+    from fhe import api
     from fhe.deploy.client import Client
-    from fhe.errors import FheError
-    from models.tasks import load_task
 
     if (sample is None) == (input_path is None):
         raise click.UsageError("give exactly one of --sample N or --input FILE.npy")
+    client = Client(client_dir, url)
+    if input_path is not None:
+        x, label = api.read_input(input_path), None
+    else:
+        data = api.load_task_of_artifact(client.meta, data_dir)
+        if not 0 <= sample < len(data.x_test):
+            raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}], got {sample}")
+        x, label = data.x_test[sample].numpy(), int(data.y_test[sample])
+    if client.scheme == "ckks":
+        x = x[None]
     try:
-        client = Client(client_dir, url)
-        if input_path is not None:
-            x, label = _read_input(input_path), None
-        else:
-            meta = client.meta
-            data = load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch"))
-            if not 0 <= sample < len(data.x_test):
-                raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}], got {sample}")
-            x, label = data.x_test[sample].numpy(), int(data.y_test[sample])
-        if client.scheme == "ckks":
-            x = x[None]
         client.upload_keys()
         result = client.predict(x)
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach {url}: {exc} (is `fhe serve` running?)") from exc
-    except (FheError, FileNotFoundError) as exc:
-        raise click.ClickException(str(exc)) from exc
     logits = np.asarray(result.logits).reshape(-1)
     click.echo(f"prediction {int(logits.argmax())}" + ("" if label is None else f" (label {label})") +
                f"; round trip {result.round_trip_s:.2f} s, server {result.server_s:.2f} s; "
                f"logits {np.round(logits, 3).tolist()}")
-
-
-def _read_input(path: Path) -> np.ndarray:
-    if path.suffix != ".npy":
-        raise click.UsageError(f"--input must be a .npy file, got {path.name}")
-    try:
-        return np.load(path, allow_pickle=False).astype(np.float64)
-    except (OSError, ValueError) as exc:
-        raise click.UsageError(f"cannot read {path}: {exc}") from exc
 
 
 def entry() -> None:

@@ -20,3 +20,7 @@ class InputOverflowError(FheError):
 
 class SecretKeyLeakError(FheError):
     """A server-side object would hold a secret key."""
+
+
+class BadOptionError(FheError):
+    """The options or files given cannot work as asked (the CLI's usage errors: exit status 2)."""

@@ -1,7 +1,8 @@
 """One registry shape for everything keyed by attention kind: the attention modules (models/attention),
-their integer lowerings (quant/mixers) and their polynomial lowerings (fhe/ckks/mixers). Each owner
-keeps its own lookup error (it knows the fix to name); the registry only stores, refuses a second
-registration of a kind, and imports a package's modules so their decorators run."""
+their integer lowerings (quant/mixers) and their polynomial lowerings (fhe/ckks/mixers). The registry
+stores, refuses a second registration of a kind, answers a missing kind with the one error shape of
+every gap ("no lowering registered for <kind> under <where>", :meth:`KindRegistry.require`, each owner
+naming its own error class and fix), and imports a package's modules so their decorators run."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ class KindRegistry(Generic[T]):
 
     def get(self, kind: AttentionKind | str) -> T | None:
         return self.entries.get(AttentionKind(kind))
+
+    def require(self, kind: AttentionKind | str, error: type[Exception], where: str, fix: str = "") -> T:
+        """The entry for ``kind``, else ``error("no lowering registered for <kind> under <where>[: fix]")``."""
+        kind = AttentionKind(kind)
+        entry = self.entries.get(kind)
+        if entry is None:
+            raise error(f"no lowering registered for {kind.value} under {where}" + (f": {fix}" if fix else ""))
+        return entry
 
     def kinds(self) -> list[AttentionKind]:
         return list(self.entries)

@@ -19,10 +19,13 @@ from enum import Enum
 
 import numpy as np
 
-from quant.ops import free_ops, op_spec, round_bit_pattern  # noqa: F401 - round_bit_pattern is re-exported
+from quant.ops import OpSpec, free_ops, op_spec, round_bit_pattern  # noqa: F401 - round_bit_pattern is re-exported
 
 LUT_BIT_LIMIT = 16  # concrete-python's table lookups take at most 16-bit inputs
 FREE_OPS = free_ops()  # layout only: no arithmetic
+# the program's one input: its attributes are declared like an op's (it has no semantics to evaluate)
+INPUT_SPEC = OpSpec("input", "the client's quantized integers", "encryption", lambda a, args: None,
+                    required=("shape",), optional=("dtype_bits", "signed"))
 
 
 class OverflowPolicy(str, Enum):
@@ -105,6 +108,10 @@ class Graph:
         for i in inputs:
             if i not in self.nodes:
                 raise ValueError(f"node {name!r} uses unknown input {i!r}")
+        if op == "input":
+            INPUT_SPEC.check_attrs(name, attrs)
+        else:
+            op_spec(op).check_attrs(name, attrs)
         self.nodes[name] = Node(name, op, tuple(inputs), attrs, tag)
         if op == "input":
             self.input_name = name

@@ -9,6 +9,11 @@ checks every spec has both. Adding an op: register a spec here, a lowering there
 
 Arrays carry any leading batch axes, so every axis argument is negative. :func:`ops_table` renders the
 table below from the registry (``tests/quant/test_ops.py`` checks they agree).
+
+Attributes are typed: each spec declares the attributes its nodes must carry and may carry, with their
+types (:data:`ATTRIBUTE_TYPES`), and :meth:`OpSpec.check_attrs` refuses a node that lacks one, carries an
+unknown one or one of the wrong type, when the graph is built (``Graph.add``), not when a backend first
+reads it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,16 @@ from dataclasses import dataclass
 import numpy as np
 
 Evaluate = Callable[[dict, list], object]
+
+_INT = (int, np.integer)
+_ARRAY_OR_INT = (np.ndarray, int, np.integer)
+ATTRIBUTE_TYPES: dict[str, type | tuple[type, ...]] = {  # one meaning (and type) per attribute name
+    "weight": np.ndarray, "bias": np.ndarray, "value": _ARRAY_OR_INT,  # clear integer operands
+    "shape": tuple, "from_shape": tuple, "axes": tuple, "index": tuple, "out_range": tuple,
+    "axis": _INT, "inner": _INT, "rounding_bits": _INT, "dtype_bits": _INT,
+    "keepdims": bool, "per_channel": bool, "signed": bool,
+    "fn": Callable,  # a lookup's table, as a function of the integer input
+}
 
 
 def _elements(attrs: dict) -> int:
@@ -42,6 +57,22 @@ class OpSpec:
     pbs: Callable[[dict], int] | None = None  # programmable bootstraps of one node under TFHE (None: none)
     free: bool = False  # layout only: no arithmetic, no width of its own
     traceable: bool = False  # ``evaluate`` also runs on Concrete tracers (it is the TFHE lowering)
+    required: tuple[str, ...] = ()  # attributes every node of this op carries (types: ATTRIBUTE_TYPES)
+    optional: tuple[str, ...] = ()
+
+    def check_attrs(self, node: str, attrs: dict) -> None:
+        """Raises ValueError naming ``node`` if ``attrs`` lacks, adds or mistypes an attribute."""
+        missing = [a for a in self.required if a not in attrs]
+        unknown = [a for a in attrs if a not in self.required and a not in self.optional]
+        if missing or unknown:
+            raise ValueError(f"node {node!r} ({self.name}): " + "; ".join(
+                part for part in (missing and f"missing attribute(s) {missing}",
+                                  unknown and f"unknown attribute(s) {unknown}") if part))
+        for a, v in attrs.items():
+            expected = ATTRIBUTE_TYPES[a]
+            if not isinstance(v, expected):
+                raise ValueError(f"node {node!r} ({self.name}): attribute {a!r} is a {type(v).__name__}, "
+                                 f"expected {getattr(expected, '__name__', expected)}")
 
     @property
     def bootstraps(self) -> bool:
@@ -88,31 +119,37 @@ def _transpose(a: dict, args: list) -> np.ndarray:
 
 for _spec in (
     OpSpec("linear", "x @ W + b (clear integer W, b)", "leveled (no PBS)",
-           lambda a, args: args[0] @ a["weight"] + a["bias"], traceable=True),
+           lambda a, args: args[0] @ a["weight"] + a["bias"], traceable=True, required=("weight", "bias")),
     OpSpec("matmul_left", "W @ x along the sequence axis (clear W)", "leveled",
-           lambda a, args: np.matmul(a["weight"], args[0]), traceable=True),
+           lambda a, args: np.matmul(a["weight"], args[0]), traceable=True, required=("weight",)),
     OpSpec("add_const", "x + c (clear integer c, broadcast)", "leveled",
-           lambda a, args: args[0] + a["value"], traceable=True),
-    OpSpec("mul_const", "x * c (clear integer c)", "leveled", lambda a, args: args[0] * a["value"], traceable=True),
+           lambda a, args: args[0] + a["value"], traceable=True, required=("value",)),
+    OpSpec("mul_const", "x * c (clear integer c)", "leveled", lambda a, args: args[0] * a["value"], traceable=True,
+           required=("value",)),
     OpSpec("add", "x + y (encrypted, same scale)", "leveled", lambda a, args: args[0] + args[1], traceable=True),
     OpSpec("sub", "x - y (encrypted, same scale)", "leveled", lambda a, args: args[0] - args[1], traceable=True),
     OpSpec("neg", "-x", "leveled", lambda a, args: -args[0], traceable=True),
     OpSpec("sum", "sum over `axis`", "leveled",
-           lambda a, args: np.sum(args[0], axis=a["axis"], keepdims=a.get("keepdims", False)), traceable=True),
+           lambda a, args: np.sum(args[0], axis=a["axis"], keepdims=a.get("keepdims", False)), traceable=True,
+           required=("axis",), optional=("keepdims",)),
     OpSpec("lut", "fn(round(x)): univariate table lookup, input rounded by `rounding_bits` first",
            "1 PBS per element (+ the small PBS of exact rounding)", _lut,
-           pbs=lambda a: _elements(a) * (2 if a.get("rounding_bits", 0) else 1)),
+           pbs=lambda a: _elements(a) * (2 if a.get("rounding_bits", 0) else 1),
+           required=("fn", "shape"), optional=("rounding_bits", "per_channel", "out_range")),
     OpSpec("mul", "x * y elementwise, both encrypted", "2 PBS per element (quarter squares)",
-           lambda a, args: args[0] * args[1], pbs=lambda a: 2 * _elements(a)),
+           lambda a, args: args[0] * args[1], pbs=lambda a: 2 * _elements(a), required=("shape",)),
     OpSpec("matmul", "x @ y, both encrypted", "2 PBS per product (quarter squares)",
-           lambda a, args: np.matmul(args[0], args[1]), pbs=lambda a: 2 * _elements(a) * a["inner"]),
-    OpSpec("reshape", "reshape to `shape`", "free", _reshape, free=True),
-    OpSpec("transpose", "permute axes", "free", _transpose, free=True),
+           lambda a, args: np.matmul(args[0], args[1]), pbs=lambda a: 2 * _elements(a) * a["inner"],
+           required=("shape", "inner")),
+    OpSpec("reshape", "reshape to `shape`", "free", _reshape, free=True, required=("shape", "from_shape")),
+    OpSpec("transpose", "permute axes", "free", _transpose, free=True, required=("axes",)),
     OpSpec("expand_dims", "insert an axis", "free", lambda a, args: np.expand_dims(args[0], a["axis"]),
-           free=True, traceable=True),
-    OpSpec("slice", "index with `index`", "free", lambda a, args: args[0][(Ellipsis, *a["index"])], free=True),
+           free=True, traceable=True, required=("axis",)),
+    OpSpec("slice", "index with `index`", "free", lambda a, args: args[0][(Ellipsis, *a["index"])], free=True,
+           required=("index",)),
     OpSpec("concat", "concatenate along `axis`", "free",
-           lambda a, args: np.concatenate(tuple(args), axis=a["axis"]), free=True, traceable=True),
+           lambda a, args: np.concatenate(tuple(args), axis=a["axis"]), free=True, traceable=True,
+           required=("axis",)),
 ):
     register_op(_spec)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from fhe.deploy import wire
+from fhe import wire
 from fhe.deploy.client import Client, ServiceError
 from fhe.schemes import TfheParams
 from quant.ir import Graph

@@ -1,11 +1,11 @@
-"""The service's wire format (fhe/deploy/wire.py): what is packed unpacks unchanged, and every malformed
+"""The service's wire format (fhe/wire.py): what is packed unpacks unchanged, and every malformed
 body (any truncation, trailing bytes, a foreign body) is a PayloadError, never an exception of another kind."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fhe.deploy.wire import PayloadError, pack, unpack
+from fhe.wire import PayloadError, pack, unpack
 
 ITEMS = st.lists(st.binary(max_size=64), max_size=6)
 

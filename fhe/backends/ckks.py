@@ -130,6 +130,10 @@ class CkksBackend:
         return backend
 
     # ------------------------------------------------------------------ keys
+    @property
+    def has_keys(self) -> bool:
+        return self.client_ctx is not None
+
     def keygen(self, force: bool = False) -> None:
         if self.client_ctx is not None and not force:
             return

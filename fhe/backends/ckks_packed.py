@@ -225,8 +225,8 @@ class PackedClient(CkksClient):
         return np.stack([self.output_layout.read(self.codec.decrypt(ct)) for ct in cts])
 
     def public_keys(self) -> bytes:
-        """The public context and the Galois keys, as one wire payload (fhe/deploy/wire.py)."""
-        from fhe.deploy import wire
+        """The public context and the Galois keys, as one wire payload (fhe/wire.py)."""
+        from fhe import wire
 
         return wire.pack([super().public_keys(), self.galois_keys_bytes()])
 

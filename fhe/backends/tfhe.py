@@ -23,7 +23,7 @@ from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
 from fhe.tfhe_recipe import estimated_latency_s, stage_table
-from quant.ir import FREE_OPS, Graph, rounded_bits
+from quant.ir import FREE_OPS, Graph, round_bit_pattern, rounded_bits
 from quant.ops import op_spec
 from quant.ranges import overflow_risks, widen_to_proven
 
@@ -50,7 +50,12 @@ def _lut(node, args, src, exact):
     if node.attrs.get("per_channel"):
         raise ValueError(f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
                          "quantize with per-tensor weights")
-    return fhe.univariate(node.attrs["fn"])(_rounded(node, args[0], src, exact))
+    fn, r = node.attrs["fn"], node.attrs.get("rounding_bits", 0)
+    if r and src is not None and src.lo is not None and r >= src.bits:
+        # Concrete rounds only values wider than the bits removed; a narrower input is already as cheap
+        # as a lookup gets, so its rounding goes into the table instead (same values as the interpreter)
+        return fhe.univariate(lambda t: fn(round_bit_pattern(t, r)))(args[0])
+    return fhe.univariate(fn)(_rounded(node, args[0], src, exact))
 
 
 def _slice(node, args, src, exact):  # Concrete does not index with Ellipsis: spell the leading axes out
@@ -201,6 +206,10 @@ class TfheBackend:
         out = fn(*args)
         self.timings_s[key] = time.perf_counter() - start
         return out
+
+    @property
+    def has_keys(self) -> bool:
+        return bool(self.circuit.keys.are_generated)
 
     def keygen(self, force: bool = False) -> None:
         self._timed("keygen", lambda: self.circuit.keygen(force=force))

@@ -17,7 +17,11 @@ MAX_COEFF_BITS_128 = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
 
 
 class DepthError(FheError):
-    pass
+    """The program is deeper than any chain holds; ``summary`` is the first sentence (what, not the fixes)."""
+
+    def __init__(self, message: str, summary: str | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary or message
 
 
 @dataclass(frozen=True)
@@ -70,9 +74,10 @@ def plan_parameters(depth: int, scale_bits: int = 40, outer_bits: int = 60, poly
     per_tag = ""
     if depth_per_tag:
         per_tag = " Depth reached after each stage: " + ", ".join(f"{t} {d}" for t, d in depth_per_tag.items()) + "."
+    summary = (f"the program needs multiplicative depth {depth}, but the largest 128-bit chain at N={largest} with "
+               f"scale 2^{scale_bits} holds {max_depth(largest, scale_bits, outer_bits)}")
     raise DepthError(
-        f"the program needs multiplicative depth {depth}, but the largest 128-bit chain at N={largest} with "
-        f"scale 2^{scale_bits} holds {max_depth(largest, scale_bits, outer_bits)} and TenSEAL cannot bootstrap."
-        f"{per_tag} To fit: fewer Goldschmidt/Newton iterations (a looser tolerance, or a narrower interval by "
-        "range-loss fine-tuning), lower-degree activations, fewer layers, a smaller --scale-bits, or opt in to "
-        "the client-assisted refresh (--refresh: the data owner decrypts and re-encrypts between stages).")
+        f"{summary} and TenSEAL cannot bootstrap.{per_tag} To fit: fewer Goldschmidt/Newton iterations (a looser "
+        "tolerance, or a narrower interval by range-loss fine-tuning), lower-degree activations, fewer layers, a "
+        "smaller --scale-bits, or opt in to the client-assisted refresh (--refresh: the data owner decrypts and "
+        "re-encrypts between stages).", summary)

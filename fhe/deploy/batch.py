@@ -2,7 +2,7 @@
 
 Each Ray worker is an actor that loads the server artifact and the evaluation keys once (the keys go
 into Ray's object store once, and every worker reads them from there), then takes payloads
-(:mod:`fhe.deploy.wire`) one at a time. ``workers=0`` and no ``address`` runs in-process, as before.
+(:mod:`fhe.wire`) one at a time. ``workers=0`` and no ``address`` runs in-process, as before.
 On one machine, each worker gets ``cores / workers`` threads for Concrete's loop parallelism (or
 TenSEAL's), so two workers do not fight over the same cores.
 """
@@ -111,7 +111,7 @@ def execute_compiled(compiled, x_int, workers: int = 0, address: str | None = No
     import numpy as np
     from concrete import fhe as cfhe
 
-    from fhe.deploy import wire
+    from fhe import wire
 
     circuit = compiled.backend.circuit
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fhe.deploy import wire
+from fhe import wire
 from fhe.errors import FheError
 from quant.quantizer import Quantizer
 

@@ -3,7 +3,7 @@
 One class per scheme, both with the same three verbs: ``check_keys(blob)`` (refuse keys this circuit
 cannot use, before they are stored), ``load_keys(blob)`` and ``run(keys, payload) -> payload``.
 Nothing here unpickles: keys and ciphertexts are the libraries' own serialisations inside the
-length-prefixed payloads of :mod:`fhe.deploy.wire`.
+length-prefixed payloads of :mod:`fhe.wire`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import json
 import threading
 from pathlib import Path
 
+from fhe import wire
 from fhe.artifacts import verify
-from fhe.deploy import wire
 from fhe.errors import FheError
 
 SECRET_FILES = ("keys.bin", "context.secret", "client.zip")

@@ -8,7 +8,7 @@ GET  /model            scheme, input shape, quantisation or CKKS plan (what a cl
 PUT  /keys             a client's evaluation keys (TFHE) or public context (CKKS); answers
                        ``{"key_id": ...}`` (the SHA-256 of the blob: uploading twice is free)
 GET  /keys/{key_id}    204 if the server holds these keys, 404 otherwise
-POST /infer/{key_id}   a payload of ciphertexts (fhe.deploy.wire) -> the encrypted result;
+POST /infer/{key_id}   a payload of ciphertexts (fhe.wire) -> the encrypted result;
                        header ``X-Server-Seconds``: the time spent computing
 =====================  =====================================================================
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from fastapi import FastAPI, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from fhe.deploy import wire
+from fhe import wire
 from fhe.deploy.runtime import KeysError, load_runtime
 
 OCTET = "application/octet-stream"

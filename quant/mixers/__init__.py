@@ -24,11 +24,7 @@ class NoLoweringError(ValueError):
 
 
 def mixer_lowering(kind: AttentionKind) -> MixerLowering:
-    fn = LOWERINGS.get(kind)
-    if fn is None:
-        raise NoLoweringError(f"no lowering registered for {AttentionKind(kind).value} under the integer program "
-                              "(TFHE)")
-    return fn
+    return LOWERINGS.require(kind, NoLoweringError, "the integer program (TFHE)")
 
 
 def registered_mixers() -> list[AttentionKind]:

@@ -89,3 +89,15 @@ def test_compare_counts_refused_inputs_and_the_report_names_overflow_risks(tiny_
     assert res.exit_code == 0, res.output
     cmp = json.loads(cmp_path.read_text())
     assert cmp["refused_overflow"] + cmp["n"] == 20 and cmp["exact_integer_match"] == 1.0
+
+
+def test_ckks_report_writes_its_rows_and_refuses_unknown_kinds(tmp_path):
+    res = CliRunner().invoke(main, ["report", "--scheme", "ckks", "--variants", "geglu-only", "--seq-lens", "4",
+                                    "--mode", "simulate", "--layouts", "packed", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads((tmp_path / "ckks_attention.json").read_text())["reports"]
+    assert (row["kind"], row["seq_len"], row["layout"]) == ("geglu-only", 4, "packed") and row["rotations"] > 0
+    res = CliRunner().invoke(main, ["report", "--scheme", "ckks", "--variants", "fourier", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "--variants for CKKS" in res.output
+    res = CliRunner().invoke(main, ["report", "--seq-lens", "2,x", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "comma-separated" in res.output

@@ -45,3 +45,18 @@ def test_simulation_equals_the_interpreter_on_random_programs(in_bits, n_in, n_o
     clear, _ = g.run(xs, policy="clip")
     sims = np.stack([backend.simulate(x) for x in xs])
     np.testing.assert_array_equal(sims, clear)
+
+
+def test_rounding_as_wide_as_the_lookup_input_goes_into_the_table():
+    """A lookup whose input is no wider than the bits it rounds away (here a 1-bit value rounded by 1, a
+    case hypothesis found): Concrete refuses to round it, so the rounding is folded into the table, and the
+    simulation still equals the interpreter."""
+    w = np.array([[0]])  # the accumulator is always 0: a 1-bit value
+    g = _program(2, w, 0, 1, 1)
+    calib = np.array([[-2], [1], [0], [-1]] * 10)
+    g.calibrate(calib)
+    assert g.nodes["shifted"].bits == 1 and g.nodes["y"].attrs["rounding_bits"] == 1
+    backend = TfheBackend.compile(g, calib, TfheParams(quant=QuantConfig(n_bits=2), inputset_size=40),
+                                  simulate_only=True)
+    xs = np.array([[-2], [-1], [0], [1]])
+    np.testing.assert_array_equal(np.stack([backend.simulate(x) for x in xs]), g.run(xs, policy="clip")[0])

@@ -48,12 +48,29 @@ def test_a_registered_op_runs_in_the_interpreter_and_unknown_ones_are_named():
         del OPS["double_test"]
     g = Graph()
     g.add("x", "input", shape=(3,))
-    g.add("y", "cube", ("x",))
-    with pytest.raises(ValueError, match="no op 'cube' is registered"):
-        g.run(np.zeros((1, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match="no op 'cube' is registered"):  # refused when the graph is built
+        g.add("y", "cube", ("x",))
     untraceable = register_op(OpSpec("untraceable_test", "x", "leveled", lambda a, args: args[0]))
     try:
         with pytest.raises(NotImplementedError, match="no TFHE lowering registered for op 'untraceable_test'"):
             _lower_node(g.nodes["x"].__class__("n", untraceable.name), [np.zeros(3)])
     finally:
         del OPS["untraceable_test"]
+
+
+def test_nodes_with_missing_unknown_or_mistyped_attributes_are_refused_when_built():
+    import numpy as np
+    import pytest
+
+    from quant.ir import Graph
+
+    g = Graph()
+    g.add("x", "input", shape=(3,))
+    with pytest.raises(ValueError, match=r"node 'l' \(linear\): missing attribute\(s\) \['bias'\]"):
+        g.add("l", "linear", ("x",), weight=np.eye(3, dtype=np.int64))
+    with pytest.raises(ValueError, match=r"unknown attribute\(s\) \['scale'\]"):
+        g.add("s", "sum", ("x",), axis=-1, scale=2)
+    with pytest.raises(ValueError, match="attribute 'fn' is a int, expected Callable"):
+        g.add("t", "lut", ("x",), fn=3, shape=(3,))
+    g.add("ok", "lut", ("x",), fn=lambda v: v, shape=(3,), rounding_bits=np.int64(1))
+    assert list(g.nodes) == ["x", "ok"]  # refused nodes were not added

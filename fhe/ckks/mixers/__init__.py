@@ -37,11 +37,7 @@ class NoPolyLoweringError(ValueError):
 
 
 def poly_mixer(kind: AttentionKind) -> PolyMixer:
-    kind = AttentionKind(kind)
-    fn = LOWERINGS.get(kind)
-    if fn is None:
-        raise NoPolyLoweringError(f"no lowering registered for {kind.value} under CKKS: {_ALTERNATIVE}")
-    return fn
+    return LOWERINGS.require(kind, NoPolyLoweringError, "CKKS", _ALTERNATIVE)
 
 
 def registered_poly_mixers() -> list[AttentionKind]:
@@ -49,13 +45,9 @@ def registered_poly_mixers() -> list[AttentionKind]:
 
 
 def packed_mixer(kind: AttentionKind) -> PackedMixer:
-    kind = AttentionKind(kind)
-    fn = PACKED_LOWERINGS.get(kind)
-    if fn is None:
-        packed = ", ".join(k.value for k in PACKED_LOWERINGS.kinds())
-        raise NoPolyLoweringError(f"no lowering registered for {kind.value} under CKKS in the packed layout "
-                                  f"(packed: {packed}); use --layout batch")
-    return fn
+    packed = ", ".join(k.value for k in PACKED_LOWERINGS.kinds())
+    return PACKED_LOWERINGS.require(kind, NoPolyLoweringError, f"CKKS in the packed layout (packed: {packed})",
+                                    "use --layout batch")
 
 
 def registered_packed_mixers() -> list[AttentionKind]:

@@ -1,0 +1,132 @@
+"""``fhe run`` and ``fhe batch`` as calls: test samples through a compiled artifact's client and server."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fhe.errors import BadOptionError, FheError
+
+
+# ------------------------------------------------------------------------------------------ artifacts
+@dataclass(frozen=True)
+class ArtifactRun:
+    """One test sample through a compiled artifact: the client encrypts, the server runs, the client decrypts."""
+
+    scheme: str
+    sample: int
+    label: int
+    logits: np.ndarray
+    seconds: float
+    notes: tuple[str, ...] = ()
+
+    @property
+    def prediction(self) -> int:
+        return int(np.asarray(self.logits).argmax())
+
+    def describe(self) -> str:
+        scheme = ", CKKS" if self.scheme == "ckks" else ""
+        return (f"sample {self.sample}: label {self.label}, encrypted prediction {self.prediction} "
+                f"({self.seconds:.1f} s{scheme}); logits {np.round(self.logits, 3).tolist()}")
+
+
+def load_task_of_artifact(meta: dict, data_dir: str | Path | None = None):
+    """The task data an artifact was compiled for, from its metadata."""
+    from models.tasks import DataFileError, load_task
+
+    try:
+        return load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch"))
+    except DataFileError as exc:
+        raise BadOptionError(str(exc)) from exc
+
+
+def run_artifact(artifact_dir: str | Path, sample: int = 0, data_dir: str | Path | None = None) -> ArtifactRun:
+    """``fhe run``: test sample ``sample`` through ``artifact_dir``'s client and server, in this process (a
+    CKKS program planned with client-assisted refreshes gets them from the client here)."""
+    from fhe.deploy.client import Client, quantize_input
+
+    artifact_dir = Path(artifact_dir)
+    try:
+        client = Client(artifact_dir / "client")  # the scheme (and CKKS layout) of the artifact
+        server = _open_server(client.scheme, artifact_dir / "server")
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise FheError(str(exc)) from exc
+    meta = client.meta
+    data = load_task_of_artifact(meta, data_dir)
+    if not 0 <= sample < len(data.x_test):
+        raise BadOptionError(f"--sample must be in [0, {len(data.x_test) - 1}] for {meta['task']}, got {sample}")
+    x, local = data.x_test[sample].numpy(), client.local
+    start = time.perf_counter()
+    if client.scheme == "tfhe":
+        logits = local.decrypt(server.run(local.encrypt(quantize_input(meta, x)))) * np.asarray(meta["output_scale"])
+    else:
+        logits = local.decrypt(server.run(local.encrypt(x[None]), local.refresh(server.context)))[0]
+    seconds = time.perf_counter() - start
+    notes = ()
+    if meta.get("overflow_risks"):
+        notes = (f"note: compiled with calibrated ranges; {len(meta['overflow_risks'])} node(s) can overflow on "
+                 "inputs unlike the calibration set, which this client (holding no program) cannot check. "
+                 "`fhe compare` refuses such inputs; `fhe compile --ranges proven` rules them out.",)
+    return ArtifactRun(client.scheme, sample, int(data.y_test[sample]), np.asarray(logits).reshape(-1), seconds,
+                       notes)
+
+
+def _open_server(scheme: str, folder: Path):
+    if scheme == "tfhe":
+        from fhe.backends.tfhe import TfheServer
+
+        return TfheServer(folder)
+    from fhe.backends.ckks_packed import open_server
+
+    return open_server(folder)
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    n: int
+    accuracy: float
+    result: object  # fhe.deploy.batch.BatchResult: setup and run times, workers
+
+    def describe(self) -> str:
+        r = self.result
+        where = "in this process" if not r.workers else f"on {r.workers} Ray workers"
+        per_worker = ", ".join(f"{s:.1f}" for s in r.per_worker_setup_s)
+        return (f"{self.n} samples {where}: accuracy {self.accuracy:.4f}; setup {r.setup_s:.1f} s (per worker "
+                f"{per_worker} s), run {r.run_s:.1f} s, {self.n / r.run_s:.3f} samples/s")
+
+
+def batch_artifact(artifact_dir: str | Path, n: int = 8, workers: int = 0, ray_address: str | None = None,
+                   block: int | None = None, data_dir: str | Path | None = None) -> BatchOutcome:
+    """``fhe batch``: the first ``n`` test samples encrypted by the client artifact, run by the server
+    artifact (here or on Ray workers) through the service's wire format, decrypted. CKKS sends ``block``
+    samples per SIMD batch (default: split evenly over the workers); TFHE one sample per request."""
+    from fhe.deploy.batch import run_batch
+    from fhe.deploy.client import Client
+
+    artifact_dir = Path(artifact_dir)
+    client = Client(artifact_dir / "client")
+    data = load_task_of_artifact(client.meta, data_dir)
+    x, y = data.x_test[:n].numpy(), data.y_test[:n].numpy()
+    if client.scheme == "tfhe":
+        groups = list(x)
+    else:
+        size = block or -(-len(x) // max(1, workers))
+        groups = [x[i:i + size] for i in range(0, len(x), size)]
+    result = run_batch(artifact_dir / "server", client.public_keys(), [client.encrypt(g) for g in groups], workers,
+                       ray_address)
+    logits = np.concatenate([np.asarray(client.decrypt(o)).reshape(-1, data.n_outputs) for o in result.outputs])
+    return BatchOutcome(len(x), float((logits.argmax(-1) == y).mean()), result)
+
+
+def read_input(path: str | Path) -> np.ndarray:
+    """One input for ``fhe client --input``: a ``.npy`` file of floats (never unpickled)."""
+    path = Path(path)
+    if path.suffix != ".npy":
+        raise BadOptionError(f"--input must be a .npy file, got {path.name}")
+    try:
+        return np.load(path, allow_pickle=False).astype(np.float64)
+    except (OSError, ValueError) as exc:
+        raise BadOptionError(f"cannot read {path}: {exc}") from exc
