@@ -24,11 +24,6 @@ def test_compile_check_and_report_from_python(tiny_model):
     np.testing.assert_array_equal(c.compiled.simulate(x[0]), c.compiled.clear(x)[0])
 
 
-def test_compare_file_simulated_equals_clear(tiny_model):
-    res = api.compare_file(tiny_model, api.CompileOptions(n_bits=3, lut_bits=5, inputset=20), n=20)
-    assert res["n"] + res["refused_overflow"] == 20 and res["exact_integer_match"] == 1.0
-
-
 def test_bad_options_and_files_are_told_apart_from_failures(tiny_model, tmp_path):
     with pytest.raises(BadOptionError, match="fhe train"):
         api.compile_file(tmp_path / "missing.pt")
