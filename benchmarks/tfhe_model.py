@@ -9,7 +9,7 @@ kind: approximate rounding, a looser global error probability, and Concrete's pa
 
     python benchmarks/tfhe_model.py                      # digits, 4x4 patches: Inhibitor vs dot-product
     python benchmarks/tfhe_model.py --task mnist --kinds inhibitor --seeds 1 --n-exec 1 --no-variants \
-        --child-timeout 10800   # ~8 GB of keys, ~35 min per encrypted sample (estimated), 10k simulated
+        --child-timeout 10800   # ~8 GB of keys, est. 35 min per encrypted sample (~70 measured?), 10k simulated
 """
 
 from __future__ import annotations
@@ -158,6 +158,10 @@ def _pct(v) -> str:
     return "—" if v is None else f"{100 * v:.2f}%"
 
 
+def _num(v, spec: str) -> str:  # "—" for what a run did not measure (e.g. keygen with --n-exec 0)
+    return "—" if v is None else format(v, spec)
+
+
 def report(task: str, accuracy: dict, main_rows: dict, variants: list[tuple[str, dict]]) -> list[str]:
     lines = [f"# Whole models under TFHE: {task}", "", f"`{command_line()}`", "",
              f"Recipe: {RECIPES[task]}; BatchNorm folded at export; `fhe train --qat-bits 6` (QAT through the "
@@ -178,8 +182,8 @@ def report(task: str, accuracy: dict, main_rows: dict, variants: list[tuple[str,
     for kind, m in main_rows.items():
         lines.append(
             f"| {kind} | {m['pbs']} | {m['max_lookup_input_bits']} | {m['max_bit_width']} | {m['key_mib']:.0f} | "
-            f"{m.get('key_upload_mib', float('nan')):.0f} | "
-            f"{m.get('keygen_s', 0):.1f} | {m.get('latency_median_s', float('nan')):.1f} | "
+            f"{_num(m.get('key_upload_mib'), '.0f')} | "
+            f"{_num(m.get('keygen_s'), '.1f')} | {_num(m.get('latency_median_s'), '.1f')} | "
             f"{m['estimated_latency_s']:.1f} | {sum(m.get('encrypted_equals_clear', []))}/"
             f"{len(m.get('encrypted_equals_clear', []))} | {_pct(m['clear_accuracy'])} | {_pct(m.get('sim_accuracy'))} "
             f"| {_pct(m.get('sim_exact_match'))} | {m['peak_rss_gib']:.2f} | {m['load_avg_1min_before']:.1f}/"
