@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from models.attention import functional as AF
+from models.registry import KindRegistry
 from quant.config import QuantConfig
 from quant.ir import Graph
 from quant.lowering import Lowering, QValue
@@ -90,26 +91,13 @@ class Core:
     reference: Reference
 
 
-CORES: dict[Variant, Core] = {}
-
-
-def register_core(*variants: Variant) -> Callable[[Core], Core]:
-    def decorator(core: Core) -> Core:
-        for v in variants:
-            if v in CORES:
-                raise ValueError(f"attention circuit for {v.value!r} registered twice")
-            CORES[v] = core
-        return core
-
-    return decorator
+CORES: KindRegistry[Core] = KindRegistry("attention circuit", key=Variant)
+register_core = CORES.register
 
 
 def core(variant: Variant) -> Core:
-    try:
-        return CORES[Variant(variant)]
-    except KeyError:
-        raise ValueError(f"no lowering registered for {Variant(variant).value} under the attention circuits "
-                         f"(registered: {', '.join(v.value for v in CORES)})") from None
+    registered = ", ".join(v.value for v in CORES.kinds())
+    return CORES.require(variant, ValueError, "the attention circuits", f"registered: {registered}")
 
 
 def _inhibitor_lower(low, spec, q, k, v, grid):

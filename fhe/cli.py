@@ -438,10 +438,7 @@ def client_cmd(client_dir, url, sample, input_path, data_dir) -> None:
     if input_path is not None:
         x, label = api.read_input(input_path), None
     else:
-        data = api.load_task_of_artifact(client.meta, data_dir)
-        if not 0 <= sample < len(data.x_test):
-            raise click.UsageError(f"--sample must be in [0, {len(data.x_test) - 1}], got {sample}")
-        x, label = data.x_test[sample].numpy(), int(data.y_test[sample])
+        x, label = api.pick_test_sample(api.load_task_of_artifact(client.meta, data_dir), sample, client.meta["task"])
     if client.scheme == "ckks":
         x = x[None]
     try:

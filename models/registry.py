@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
+from enum import Enum
 from typing import Generic, TypeVar
 
 from models.config import AttentionKind
@@ -17,13 +18,17 @@ T = TypeVar("T")
 
 
 class KindRegistry(Generic[T]):
-    def __init__(self, what: str) -> None:
+    """Entries keyed by a str-Enum: :class:`AttentionKind` unless ``key`` names another (the per-T circuit
+    study's ``Variant``)."""
+
+    def __init__(self, what: str, key: type[Enum] = AttentionKind) -> None:
         self.what = what  # e.g. "attention module", for the double-registration error
-        self.entries: dict[AttentionKind, T] = {}
+        self.key = key
+        self.entries: dict[Enum, T] = {}
 
     def register(self, *kinds: AttentionKind) -> Callable[[T], T]:
         def decorator(entry: T) -> T:
-            for kind in map(AttentionKind, kinds):
+            for kind in map(self.key, kinds):
                 if kind in self.entries:
                     raise ValueError(f"{self.what} for {kind.value!r} registered twice")
                 self.entries[kind] = entry
@@ -32,11 +37,11 @@ class KindRegistry(Generic[T]):
         return decorator
 
     def get(self, kind: AttentionKind | str) -> T | None:
-        return self.entries.get(AttentionKind(kind))
+        return self.entries.get(self.key(kind))
 
     def require(self, kind: AttentionKind | str, error: type[Exception], where: str, fix: str = "") -> T:
         """The entry for ``kind``, else ``error("no lowering registered for <kind> under <where>[: fix]")``."""
-        kind = AttentionKind(kind)
+        kind = self.key(kind)
         entry = self.entries.get(kind)
         if entry is None:
             raise error(f"no lowering registered for {kind.value} under {where}" + (f": {fix}" if fix else ""))

@@ -108,10 +108,7 @@ class Graph:
         for i in inputs:
             if i not in self.nodes:
                 raise ValueError(f"node {name!r} uses unknown input {i!r}")
-        if op == "input":
-            INPUT_SPEC.check_attrs(name, attrs)
-        else:
-            op_spec(op).check_attrs(name, attrs)
+        (INPUT_SPEC if op == "input" else op_spec(op)).check_attrs(name, attrs)
         self.nodes[name] = Node(name, op, tuple(inputs), attrs, tag)
         if op == "input":
             self.input_name = name

@@ -64,10 +64,10 @@ class OpSpec:
         """Raises ValueError naming ``node`` if ``attrs`` lacks, adds or mistypes an attribute."""
         missing = [a for a in self.required if a not in attrs]
         unknown = [a for a in attrs if a not in self.required and a not in self.optional]
-        if missing or unknown:
-            raise ValueError(f"node {node!r} ({self.name}): " + "; ".join(
-                part for part in (missing and f"missing attribute(s) {missing}",
-                                  unknown and f"unknown attribute(s) {unknown}") if part))
+        problems = ([f"missing attribute(s) {missing}"] if missing else []) + \
+                   ([f"unknown attribute(s) {unknown}"] if unknown else [])
+        if problems:
+            raise ValueError(f"node {node!r} ({self.name}): " + "; ".join(problems))
         for a, v in attrs.items():
             expected = ATTRIBUTE_TYPES[a]
             if not isinstance(v, expected):

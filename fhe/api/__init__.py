@@ -13,7 +13,15 @@ CLI exits 2), any other :class:`~fhe.errors.FheError` when the work itself fails
 the caller's: messages arrive through ``on_message``, progress through callbacks.
 """
 
-from fhe.api.artifacts import ArtifactRun, BatchOutcome, batch_artifact, load_task_of_artifact, read_input, run_artifact
+from fhe.api.artifacts import (
+    ArtifactRun,
+    BatchOutcome,
+    batch_artifact,
+    load_task_of_artifact,
+    pick_test_sample,
+    read_input,
+    run_artifact,
+)
 from fhe.api.compile import (
     CircuitMismatchError,
     Compilation,
@@ -32,4 +40,4 @@ from fhe.api.train import TrainOutcome, TrainRequest, load_model_and_task, quant
 __all__ = ["ArtifactRun", "BatchOutcome", "CircuitMismatchError", "Compilation", "CompileOptions", "NoParametersError",
            "SampleCheck", "TrainOutcome", "TrainRequest", "batch_artifact", "check_circuit", "compare_file",
            "compile_file", "keygen", "load_model_and_task", "load_task_of_artifact", "one_encrypted_sample",
-           "quantize_file", "read_input", "run_artifact", "save_artifacts", "train_model"]
+           "quantize_file", "read_input", "run_artifact", "save_artifacts", "pick_test_sample", "train_model"]

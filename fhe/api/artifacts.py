@@ -43,6 +43,13 @@ def load_task_of_artifact(meta: dict, data_dir: str | Path | None = None):
         raise BadOptionError(str(exc)) from exc
 
 
+def pick_test_sample(data, index: int, task: str) -> tuple[np.ndarray, int]:
+    """Test sample ``index`` of ``data`` and its label; :class:`BadOptionError` outside the split."""
+    if not 0 <= index < len(data.x_test):
+        raise BadOptionError(f"--sample must be in [0, {len(data.x_test) - 1}] for {task}, got {index}")
+    return data.x_test[index].numpy(), int(data.y_test[index])
+
+
 def run_artifact(artifact_dir: str | Path, sample: int = 0, data_dir: str | Path | None = None) -> ArtifactRun:
     """``fhe run``: test sample ``sample`` through ``artifact_dir``'s client and server, in this process (a
     CKKS program planned with client-assisted refreshes gets them from the client here)."""
@@ -55,10 +62,8 @@ def run_artifact(artifact_dir: str | Path, sample: int = 0, data_dir: str | Path
     except (FileNotFoundError, RuntimeError) as exc:
         raise FheError(str(exc)) from exc
     meta = client.meta
-    data = load_task_of_artifact(meta, data_dir)
-    if not 0 <= sample < len(data.x_test):
-        raise BadOptionError(f"--sample must be in [0, {len(data.x_test) - 1}] for {meta['task']}, got {sample}")
-    x, local = data.x_test[sample].numpy(), client.local
+    x, label = pick_test_sample(load_task_of_artifact(meta, data_dir), sample, meta["task"])
+    local = client.local
     start = time.perf_counter()
     if client.scheme == "tfhe":
         logits = local.decrypt(server.run(local.encrypt(quantize_input(meta, x)))) * np.asarray(meta["output_scale"])
@@ -70,8 +75,7 @@ def run_artifact(artifact_dir: str | Path, sample: int = 0, data_dir: str | Path
         notes = (f"note: compiled with calibrated ranges; {len(meta['overflow_risks'])} node(s) can overflow on "
                  "inputs unlike the calibration set, which this client (holding no program) cannot check. "
                  "`fhe compare` refuses such inputs; `fhe compile --ranges proven` rules them out.",)
-    return ArtifactRun(client.scheme, sample, int(data.y_test[sample]), np.asarray(logits).reshape(-1), seconds,
-                       notes)
+    return ArtifactRun(client.scheme, sample, label, np.asarray(logits).reshape(-1), seconds, notes)
 
 
 def _open_server(scheme: str, folder: Path):
