@@ -1,5 +1,5 @@
-"""One place that writes ``benchmarks/results/<stem>.md`` and ``.json`` (each Markdown file starts with
-the command that produced it)."""
+"""One place that writes ``benchmarks/results/<stem>.md`` and ``.json`` (each Markdown file starts
+with the command that produced it)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def command_line() -> str:
-    return "python " + " ".join([Path(sys.argv[0]).as_posix().split("/work/main/")[-1], *sys.argv[1:]])
+    return "python " + " ".join(
+        [Path(sys.argv[0]).as_posix().split("/work/main/")[-1], *sys.argv[1:]]
+    )
 
 
 def write_results(stem: str, markdown_lines: list[str], data) -> dict[str, Path]:

@@ -1,13 +1,15 @@
-"""How the MNIST TFHE recipe's QAT schedule and weight width were chosen: one float model, several QAT runs.
+"""How the MNIST TFHE recipe's QAT schedule and weight width were chosen: one float model, several
+QAT runs.
 
-Trains the MNIST float model of ``benchmarks/tfhe_model.py``'s recipe once (seed 0), then fine-tunes it
-through its integer program (``quant.program_qat.train_program``) for each candidate (QAT epochs,
-learning rate, distillation weight, quantization changes) and scores every program on the test split.
-The candidates were compared on the test split itself (MNIST has no separate validation split here), so
-the chosen row carries a small selection bias; each row is one seed.
+Trains the MNIST float model of ``benchmarks/tfhe_model.py``'s recipe once (seed 0), then fine-tunes
+it through its integer program (``quant.program_qat.train_program``) for each candidate (QAT epochs,
+learning rate, distillation weight, quantization changes) and scores every program on the test
+split. The candidates were compared on the test split itself (MNIST has no separate validation split
+here), so the chosen row carries a small selection bias; each row is one seed.
 
-    python benchmarks/mnist_qat_schedule.py            # ~13 min float training + ~3-8 min per candidate
-    python benchmarks/mnist_qat_schedule.py --only 9,10,11 --cost --stem mnist_qat_attention_bits
+    python benchmarks/mnist_qat_schedule.py            # ~13 min float training + ~3-8 min per
+    candidate python benchmarks/mnist_qat_schedule.py --only 9,10,11 --cost --stem
+    mnist_qat_attention_bits
 
 ``--cost`` also compiles each candidate's program (no keys, no encrypted run) for its PBS, parameter
 sets, evaluation-key size and estimated latency (``benchmarks/tfhe_model.py``'s measurement).
@@ -35,13 +37,36 @@ CANDIDATES = [  # label, QAT epochs, learning rate, distillation weight, quantiz
     ("10 epochs at 5e-4, 5-bit weights", 10, 5e-4, 0.5, {"weight_bits": 5}),
     ("10 epochs at 1e-3, 5-bit weights", 10, 1e-3, 0.5, {"weight_bits": 5}),
     ("5 epochs at 1e-3, distillation 0.9, 5-bit weights", 5, 1e-3, 0.9, {"weight_bits": 5}),
-    ("10 epochs at 5e-4, 5-bit weights, 5-bit inputs", 10, 5e-4, 0.5, {"weight_bits": 5, "input_bits": 5}),
+    (
+        "10 epochs at 5e-4, 5-bit weights, 5-bit inputs",
+        10,
+        5e-4,
+        0.5,
+        {"weight_bits": 5, "input_bits": 5},
+    ),
     ("10 epochs at 5e-4, 6-bit weights", 10, 5e-4, 0.5, {"weight_bits": 6}),
     # the attention lookups of 6-bit Q/K/V read 7 bits and land on N=16384 (~83% of the run time):
-    ("10 epochs at 5e-4, 6-bit weights, 5-bit Q/K/V", 10, 5e-4, 0.5, {"weight_bits": 6, "attention_bits": 5}),
-    ("10 epochs at 5e-4, 6-bit weights, 4-bit Q/K/V", 10, 5e-4, 0.5, {"weight_bits": 6, "attention_bits": 4}),
-    ("10 epochs at 5e-4, 6-bit weights, 5-bit Q/K/V, lookups <= 5 bits", 10, 5e-4, 0.5,
-     {"weight_bits": 6, "attention_bits": 5, "lut_bits": 5}),
+    (
+        "10 epochs at 5e-4, 6-bit weights, 5-bit Q/K/V",
+        10,
+        5e-4,
+        0.5,
+        {"weight_bits": 6, "attention_bits": 5},
+    ),
+    (
+        "10 epochs at 5e-4, 6-bit weights, 4-bit Q/K/V",
+        10,
+        5e-4,
+        0.5,
+        {"weight_bits": 6, "attention_bits": 4},
+    ),
+    (
+        "10 epochs at 5e-4, 6-bit weights, 5-bit Q/K/V, lookups <= 5 bits",
+        10,
+        5e-4,
+        0.5,
+        {"weight_bits": 6, "attention_bits": 5, "lut_bits": 5},
+    ),
 ]
 
 
@@ -52,8 +77,12 @@ def main() -> None:
     from quant.config import DEFAULT_CALIB_SAMPLES
     from quant.program_qat import program_score, train_program
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default=None, help="comma-separated candidate indices (0-based); default all")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--only", default=None, help="comma-separated candidate indices (0-based); default all"
+    )
     ap.add_argument("--cost", action="store_true", help="compile each candidate for its TFHE cost")
     ap.add_argument("--stem", default="mnist_qat_schedule")
     args = ap.parse_args()
@@ -61,43 +90,84 @@ def main() -> None:
     torch.set_num_threads(2)
     r = RECIPES["mnist"]
     data = load_task("mnist", patch=r["patch"])
-    cfg = config_for_task(data, attention="inhibitor", d_model=r["d_model"], n_heads=r["n_heads"], norm="batchnorm")
-    res = train(cfg, data, TrainConfig(epochs=r["epochs"], batch_size=r["batch_size"], lr=3e-3, seed=0), progress=False)
+    cfg = config_for_task(
+        data, attention="inhibitor", d_model=r["d_model"], n_heads=r["n_heads"], norm="batchnorm"
+    )
+    res = train(
+        cfg,
+        data,
+        TrainConfig(epochs=r["epochs"], batch_size=r["batch_size"], lr=3e-3, seed=0),
+        progress=False,
+    )
     rows = []
     for label, epochs, lr, distill, changes in picked:
         quant = recipe_quant("mnist").replace(**changes)
         start = time.perf_counter()
         ptq = program_score(export(res.model, data.x_train[:DEFAULT_CALIB_SAMPLES], quant), data)
-        qat = train_program(res.model, data, quant, TrainConfig(epochs=epochs, lr=lr, seed=0,
-                                                                 batch_size=r["batch_size"]),
-                            progress=False, distill=distill)
-        row = {"label": label, "qat_epochs": epochs, "lr": lr, "distill": distill, "quant": changes,
-               "ptq": ptq, "qat_program": qat.program_score, "seconds": time.perf_counter() - start}
+        qat = train_program(
+            res.model,
+            data,
+            quant,
+            TrainConfig(epochs=epochs, lr=lr, seed=0, batch_size=r["batch_size"]),
+            progress=False,
+            distill=distill,
+        )
+        row = {
+            "label": label,
+            "qat_epochs": epochs,
+            "lr": lr,
+            "distill": distill,
+            "quant": changes,
+            "ptq": ptq,
+            "qat_program": qat.program_score,
+            "seconds": time.perf_counter() - start,
+        }
         if args.cost:
             row["cost"] = _cost(qat.model, data, quant)
         rows.append(row)
-        print(f"{label}: PTQ {100 * ptq:.2f}%, QAT program {100 * qat.program_score:.2f}%", flush=True)
-    lines = ["# MNIST TFHE recipe: the QAT schedule and weight width", "", f"`{command_line()}`", "",
-             f"One float model (seed 0, {r['epochs']} epochs): test accuracy {100 * res.test_score:.2f}%. Each row "
-             "fine-tunes it through its integer program (7-bit activations, 6-bit Q/K/V, 4-bit inputs, lookups "
-             "<= 6 bits unless the row says otherwise) and scores the program on the 10 000 test samples; "
-             "one seed per row, chosen on the test split (no validation split), so read differences below "
-             "~0.3 points as noise.", "",
-             "| candidate | PTQ program | QAT program | below float (points) |", "|---|---|---|---|"]
-    lines += [f"| {w['label']} | {100 * w['ptq']:.2f}% | {100 * w['qat_program']:.2f}% | "
-              f"{100 * (res.test_score - w['qat_program']):.2f} |" for w in rows]
+        print(
+            f"{label}: PTQ {100 * ptq:.2f}%, QAT program {100 * qat.program_score:.2f}%", flush=True
+        )
+    lines = [
+        "# MNIST TFHE recipe: the QAT schedule and weight width",
+        "",
+        f"`{command_line()}`",
+        "",
+        f"One float model (seed 0, {r['epochs']} epochs): test accuracy "
+        f"{100 * res.test_score:.2f}%. Each row fine-tunes it through its integer program (7-bit "
+        "activations, 6-bit Q/K/V, 4-bit inputs, lookups <= 6 bits unless the row says otherwise) "
+        "and scores the program on the 10 000 test samples; one seed per row, chosen on the test "
+        "split (no validation split), so read differences below ~0.3 points as noise.",
+        "",
+        "| candidate | PTQ program | QAT program | below float (points) |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {w['label']} | {100 * w['ptq']:.2f}% | {100 * w['qat_program']:.2f}% | "
+        f"{100 * (res.test_score - w['qat_program']):.2f} |"
+        for w in rows
+    ]
     if args.cost:
-        lines += ["", "## TFHE cost of each program (compiled, global p_error 1e-5; no keys generated)", "",
-                  "| candidate | PBS | max lookup input bits | parameter sets (PBS each) | eval. keys (MiB) "
-                  "| est. latency (s) |", "|---|---|---|---|---|---|"]
-        lines += [f"| {w['label']} | {w['cost']['pbs']} | {w['cost']['max_lookup_input_bits']} | "
-                  f"{_param_text(w['cost'])} | {w['cost']['key_mib']:.0f} | "
-                  f"{w['cost']['estimated_latency_s']:.0f} |" for w in rows]
+        lines += [
+            "",
+            "## TFHE cost of each program (compiled, global p_error 1e-5; no keys generated)",
+            "",
+            "| candidate | PBS | max lookup input bits | parameter sets (PBS each) | eval. keys "
+            "(MiB) | est. latency (s) |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {w['label']} | {w['cost']['pbs']} | {w['cost']['max_lookup_input_bits']} | "
+            f"{_param_text(w['cost'])} | {w['cost']['key_mib']:.0f} | "
+            f"{w['cost']['estimated_latency_s']:.0f} |"
+            for w in rows
+        ]
     write_results(args.stem, lines, {"float": res.test_score, "rows": rows})
 
 
 def _cost(model, data, quant) -> dict:
-    """PBS, parameter sets, keys and estimated latency of the candidate's compiled circuit (child process)."""
+    """PBS, parameter sets, keys and estimated latency of the candidate's compiled circuit (child
+    process)."""
     import tempfile
 
     from benchmarks.tfhe_model import run_child

@@ -1,7 +1,8 @@
-"""The Inhibitor paper's TFHE study (Tables 2 and 4) at our scale: single-head attention circuits over
-sequence lengths, compiled, keyed and run encrypted, with ratios measured in the same run.
+"""The Inhibitor paper's TFHE study (Tables 2 and 4) at our scale: single-head attention circuits
+over sequence lengths, compiled, keyed and run encrypted, with ratios measured in the same run.
 
-A thin wrapper over ``fhe report`` (circuits/sweep.py), kept here so every benchmark lives in one place.
+A thin wrapper over ``fhe report`` (circuits/sweep.py), kept here so every benchmark lives in one
+place.
 
     python benchmarks/tfhe_attention.py --seq-lens 2,4,8,16 --d 2 --n-bits 4 --lut-bits 7
 """

@@ -1,15 +1,18 @@
 """Whole models under TFHE: accuracy, PBS, widths, keys, keygen and encrypted latency, side by side.
 
-For each attention kind: train the float model (BatchNorm, folded at export), fine-tune it through its
-integer program (``fhe train --qat-bits 6``, several seeds for the accuracy statistics), then for the
-seed-0 model compile with the TFHE defaults, generate keys, run ``--n-exec`` test samples encrypted
-(each compared with the clear integer program) and simulate the whole test split. Each measurement runs
-in a child process (its own peak memory; ``taskset`` for the core-count rows). Variants of the first
-kind: approximate rounding, a looser global error probability, and Concrete's parallelism modes.
+For each attention kind: train the float model (BatchNorm, folded at export), fine-tune it through
+its integer program (``fhe train --qat-bits 6``, several seeds for the accuracy statistics), then
+for the seed-0 model compile with the TFHE defaults, generate keys, run ``--n-exec`` test samples
+encrypted (each compared with the clear integer program) and simulate the whole test split. Each
+measurement runs in a child process (its own peak memory; ``taskset`` for the core-count rows).
+Variants of the first kind: approximate rounding, a looser global error probability, and Concrete's
+parallelism modes.
 
-    python benchmarks/tfhe_model.py                      # digits, 4x4 patches: Inhibitor vs dot-product
-    python benchmarks/tfhe_model.py --task mnist --kinds inhibitor --seeds 1 --n-exec 1 --no-variants \
-        --child-timeout 10800   # ~8 GB of keys, est. 35 min per encrypted sample (~70 measured?), 10k simulated
+    python benchmarks/tfhe_model.py                      # digits, 4x4 patches: Inhibitor vs
+    dot-product python benchmarks/tfhe_model.py --task mnist --kinds inhibitor --seeds 1 --n-exec 1
+    --no-variants \
+        --child-timeout 10800   # ~8 GB of keys, est. 35 min per encrypted sample (~70 measured?),
+        10k simulated
 """
 
 from __future__ import annotations
@@ -34,12 +37,23 @@ from quant.config import DEFAULT_CALIB_SAMPLES  # noqa: E402
 
 RECIPES = {  # model size, tokenisation, training and quantization (over the TFHE defaults) per task
     "digits": dict(patch=4, d_model=16, n_heads=1, epochs=60, qat_epochs=100, batch_size=64),
-    # MNIST needs wider attention than the digits defaults. Trial runs (README, "MNIST"): 3-bit Q/K/V 26% PTQ;
-    # 6-bit Q/K/V, 7-bit activations, 6-bit lookups: 95.7% after 30 QAT epochs at 2e-3 (float 97.87%), 96.4-96.7%
-    # after 3-10 epochs at 5e-4-1e-3, 97.0% with 6-bit weights (PTQ 95.4% instead of 80.7%), 8.2 GB of keys;
+    # MNIST needs wider attention than the digits defaults. Trial runs (README, "MNIST"): 3-bit
+    # Q/K/V 26% PTQ;
+    # 6-bit Q/K/V, 7-bit activations, 6-bit lookups: 95.7% after 30 QAT epochs at 2e-3 (float
+    # 97.87%), 96.4-96.7%
+    # after 3-10 epochs at 5e-4-1e-3, 97.0% with 6-bit weights (PTQ 95.4% instead of 80.7%), 8.2 GB
+    # of keys;
     # 7-bit Q/K/V 97.0%, but 12.9 GB of keys, more than keygen can hold on this machine
-    "mnist": dict(patch=7, d_model=16, n_heads=2, epochs=80, qat_epochs=10, qat_lr=5e-4, batch_size=128,
-                  quant=dict(n_bits=7, weight_bits=6, attention_bits=6, lut_bits=6)),
+    "mnist": dict(
+        patch=7,
+        d_model=16,
+        n_heads=2,
+        epochs=80,
+        qat_epochs=10,
+        qat_lr=5e-4,
+        batch_size=128,
+        quant=dict(n_bits=7, weight_bits=6, attention_bits=6, lut_bits=6),
+    ),
 }
 
 
@@ -49,7 +63,8 @@ def recipe_quant(task: str):
     return DEFAULT_QUANT.replace(**RECIPES[task].get("quant", {}))
 
 
-# ------------------------------------------------------------------------------------------ training
+# ------------------------------------------------------------------------------------------
+# training
 def train_models(task: str, kinds: list[str], seeds: int, workdir: Path) -> dict:
     from models.tasks import load_task
     from models.training import TrainConfig, config_for_task, save_checkpoint, train
@@ -63,18 +78,50 @@ def train_models(task: str, kinds: list[str], seeds: int, workdir: Path) -> dict
     for kind in kinds:
         rows = []
         for seed in range(seeds):
-            cfg = config_for_task(data, attention=kind, d_model=r["d_model"], n_heads=r["n_heads"], d_ff=r.get("d_ff"),
-                                  norm="batchnorm")
+            cfg = config_for_task(
+                data,
+                attention=kind,
+                d_model=r["d_model"],
+                n_heads=r["n_heads"],
+                d_ff=r.get("d_ff"),
+                norm="batchnorm",
+            )
             start = time.perf_counter()
-            res = train(cfg, data, TrainConfig(epochs=r["epochs"], batch_size=r["batch_size"], lr=3e-3, seed=seed),
-                        progress=False)
-            ptq = program_score(export(res.model, data.x_train[:DEFAULT_CALIB_SAMPLES], quant), data)
-            qat = train_program(res.model, data, quant, TrainConfig(epochs=r["qat_epochs"], lr=r.get("qat_lr", 2e-3),
-                                seed=seed, batch_size=r["batch_size"]), progress=False)
-            rows.append({"seed": seed, "float": res.test_score, "ptq": ptq, "qat_program": qat.program_score,
-                         "train_s": time.perf_counter() - start})
-            print(f"  {kind} seed {seed}: float {res.test_score:.4f}, PTQ {ptq:.4f}, QAT program "
-                  f"{qat.program_score:.4f}", flush=True)
+            res = train(
+                cfg,
+                data,
+                TrainConfig(epochs=r["epochs"], batch_size=r["batch_size"], lr=3e-3, seed=seed),
+                progress=False,
+            )
+            ptq = program_score(
+                export(res.model, data.x_train[:DEFAULT_CALIB_SAMPLES], quant), data
+            )
+            qat = train_program(
+                res.model,
+                data,
+                quant,
+                TrainConfig(
+                    epochs=r["qat_epochs"],
+                    lr=r.get("qat_lr", 2e-3),
+                    seed=seed,
+                    batch_size=r["batch_size"],
+                ),
+                progress=False,
+            )
+            rows.append(
+                {
+                    "seed": seed,
+                    "float": res.test_score,
+                    "ptq": ptq,
+                    "qat_program": qat.program_score,
+                    "train_s": time.perf_counter() - start,
+                }
+            )
+            print(
+                f"  {kind} seed {seed}: float {res.test_score:.4f}, PTQ {ptq:.4f}, QAT program "
+                f"{qat.program_score:.4f}",
+                flush=True,
+            )
             if seed == 0:
                 save_checkpoint(workdir / f"{kind}.pt", qat.model, data, quant=quant.to_dict())
         out[kind] = rows
@@ -83,8 +130,8 @@ def train_models(task: str, kinds: list[str], seeds: int, workdir: Path) -> dict
 
 # --------------------------------------------------------------------------------- one measurement
 def measure(spec: dict) -> dict:
-    """Compile ``spec['model']`` with the TFHE defaults (+ ``spec`` overrides), keygen, run encrypted
-    samples, simulate the test split. Runs in a child process."""
+    """Compile ``spec['model']`` with the TFHE defaults (+ ``spec`` overrides), keygen, run
+    encrypted samples, simulate the test split. Runs in a child process."""
     from fhe.harness import compile_model
     from fhe.schemes import TfheParams
     from fhe.tfhe_recipe import estimated_latency_s, resolve_quant
@@ -95,11 +142,14 @@ def measure(spec: dict) -> dict:
     ckpt = load_checkpoint(spec["model"])
     data = load_task_of(ckpt.task)
     quant = resolve_quant(ckpt.extra.get("quant"))
-    params = TfheParams(quant=quant, exact_rounding=spec.get("exact_rounding", True),
-                        global_p_error=spec.get("global_p_error", 1e-5),
-                        loop_parallelize=spec.get("loop_parallelize", True),
-                        dataflow_parallelize=spec.get("dataflow_parallelize", False),
-                        compress_keys=spec.get("compress_keys", True))
+    params = TfheParams(
+        quant=quant,
+        exact_rounding=spec.get("exact_rounding", True),
+        global_p_error=spec.get("global_p_error", 1e-5),
+        loop_parallelize=spec.get("loop_parallelize", True),
+        dataflow_parallelize=spec.get("dataflow_parallelize", False),
+        compress_keys=spec.get("compress_keys", True),
+    )
     load_before = os.getloadavg()[0]
     compiled = compile_model(ckpt.model, data.x_train[:DEFAULT_CALIB_SAMPLES], params, quant)
     circuit = compiled.backend.circuit
@@ -107,17 +157,27 @@ def measure(spec: dict) -> dict:
     x_int = compiled.program.quantize_input(data.x_test)
     clear, _ = compiled.program.run_int(x_int, "clip")
     y = data.y_test.numpy()
-    result = {"spec": spec, "pbs": rep["pbs_count"], "max_bit_width": rep["max_bit_width"],
-              "max_lookup_input_bits": max(r["lookup_input_bits"] or 0 for r in rep["stages"]),
-              "params": rep["params_all"], "key_mib": rep["key_sizes_bytes"]["evaluation"] / 2**20,
-              "complexity": rep["complexity"], "estimated_latency_s": estimated_latency_s(circuit),
-              "stages": rep["stages"], "clear_accuracy": float((clear.argmax(-1) == y).mean()),
-              "load_avg_1min_before": load_before}
+    result = {
+        "spec": spec,
+        "pbs": rep["pbs_count"],
+        "max_bit_width": rep["max_bit_width"],
+        "max_lookup_input_bits": max(r["lookup_input_bits"] or 0 for r in rep["stages"]),
+        "params": rep["params_all"],
+        "key_mib": rep["key_sizes_bytes"]["evaluation"] / 2**20,
+        "complexity": rep["complexity"],
+        "estimated_latency_s": estimated_latency_s(circuit),
+        "stages": rep["stages"],
+        "clear_accuracy": float((clear.argmax(-1) == y).mean()),
+        "load_avg_1min_before": load_before,
+    }
     if spec.get("simulate", True):
         sim = np.stack([compiled.backend.simulate(x) for x in x_int])
-        result.update(sim_accuracy=float((sim.argmax(-1) == y).mean()),
-                      sim_exact_match=float((sim == clear).all(-1).mean()),
-                      sim_argmax_agreement=float((sim.argmax(-1) == clear.argmax(-1)).mean()), n_test=int(len(y)))
+        result.update(
+            sim_accuracy=float((sim.argmax(-1) == y).mean()),
+            sim_exact_match=float((sim == clear).all(-1).mean()),
+            sim_argmax_agreement=float((sim.argmax(-1) == clear.argmax(-1)).mean()),
+            n_test=int(len(y)),
+        )
     n_exec = spec.get("n_exec", 1)
     if n_exec:
         start = time.perf_counter()
@@ -133,14 +193,20 @@ def measure(spec: dict) -> dict:
             got = compiled.backend.decrypt(out_ct)
             equal.append(bool(np.array_equal(got, clear[i])))
             correct.append(bool(got.argmax() == y[i]))
-        result.update(latency_s=lat, latency_median_s=float(np.median(lat)), encrypted_equals_clear=equal,
-                      encrypted_correct=correct)
+        result.update(
+            latency_s=lat,
+            latency_median_s=float(np.median(lat)),
+            encrypted_equals_clear=equal,
+            encrypted_correct=correct,
+        )
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     result["load_avg_1min_after"] = os.getloadavg()[0]
     return result
 
 
-CHILD_TIMEOUT_S = 3600  # per measurement; --child-timeout (MNIST's 6-bit attention: ~30 min per sample alone)
+CHILD_TIMEOUT_S = (
+    3600  # per measurement; --child-timeout (MNIST's 6-bit attention: ~30 min per sample alone)
+)
 
 
 def run_child(spec: dict, cores: str | None = None, timeout_s: int = CHILD_TIMEOUT_S) -> dict:
@@ -149,7 +215,9 @@ def run_child(spec: dict, cores: str | None = None, timeout_s: int = CHILD_TIMEO
         cmd = ["taskset", "-c", cores, *cmd]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if res.returncode:
-        raise RuntimeError(f"measurement {spec} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        raise RuntimeError(
+            f"measurement {spec} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        )
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -162,65 +230,104 @@ def _num(v, spec: str) -> str:  # "—" for what a run did not measure (e.g. key
     return "—" if v is None else format(v, spec)
 
 
-def report(task: str, accuracy: dict, main_rows: dict, variants: list[tuple[str, dict]]) -> list[str]:
-    lines = [f"# Whole models under TFHE: {task}", "", f"`{command_line()}`", "",
-             f"Recipe: {RECIPES[task]}; BatchNorm folded at export; `fhe train --qat-bits 6` (QAT through the "
-             f"integer program: {_quant_text(task)}, exact rounding, global p_error 1e-5, seeded "
-             "evaluation keys). Machine: 2 cores, shared; load averages are listed with each measurement. Keys: "
-             "'in memory' is what the server holds (Concrete's key sizes), 'uploaded' what the client serialises, "
-             "stores and sends.", "",
-             "## Accuracy (test split; the integer program is the QAT model's own forward)", "",
-             "| kind | float | PTQ program | QAT program | seeds |", "|---|---|---|---|---|"]
+def report(
+    task: str, accuracy: dict, main_rows: dict, variants: list[tuple[str, dict]]
+) -> list[str]:
+    lines = [
+        f"# Whole models under TFHE: {task}",
+        "",
+        f"`{command_line()}`",
+        "",
+        f"Recipe: {RECIPES[task]}; BatchNorm folded at export; `fhe train --qat-bits 6` (QAT "
+        f"through the integer program: {_quant_text(task)}, exact rounding, global p_error 1e-5, "
+        "seeded evaluation keys). Machine: 2 cores, shared; load averages are listed with each "
+        "measurement. Keys: 'in memory' is what the server holds (Concrete's key sizes), "
+        "'uploaded' what the client serialises, stores and sends.",
+        "",
+        "## Accuracy (test split; the integer program is the QAT model's own forward)",
+        "",
+        "| kind | float | PTQ program | QAT program | seeds |",
+        "|---|---|---|---|---|",
+    ]
     for kind, rows in accuracy.items():
         f, p, q = (np.array([r[k] for r in rows]) for k in ("float", "ptq", "qat_program"))
-        lines.append(f"| {kind} | {100 * f.mean():.2f} ± {100 * f.std():.2f} | {100 * p.mean():.2f} ± "
-                     f"{100 * p.std():.2f} | {100 * q.mean():.2f} ± {100 * q.std():.2f} | {len(rows)} |")
-    lines += ["", "## Encrypted (seed-0 model of each kind)", "",
-              "| kind | PBS | max lookup input bits | max width | eval. keys in memory (MiB) | keys uploaded (MiB) "
-              "| keygen (s) | latency (s, median) | est. latency (s) | encrypted == clear | clear acc. "
-              "| simulated acc. | sim == clear | peak RSS (GiB) | load before/after |", "|" + "---|" * 15]
+        lines.append(
+            f"| {kind} | {100 * f.mean():.2f} ± {100 * f.std():.2f} | {100 * p.mean():.2f} ± "
+            f"{100 * p.std():.2f} | {100 * q.mean():.2f} ± {100 * q.std():.2f} | {len(rows)} |"
+        )
+    lines += [
+        "",
+        "## Encrypted (seed-0 model of each kind)",
+        "",
+        "| kind | PBS | max lookup input bits | max width | eval. keys in memory (MiB) | keys "
+        "uploaded (MiB) | keygen (s) | latency (s, median) | est. latency (s) | encrypted == clear "
+        "| clear acc. | simulated acc. | sim == clear | peak RSS (GiB) | load before/after |",
+        "|" + "---|" * 15,
+    ]
     for kind, m in main_rows.items():
         lines.append(
-            f"| {kind} | {m['pbs']} | {m['max_lookup_input_bits']} | {m['max_bit_width']} | {m['key_mib']:.0f} | "
+            f"| {kind} | {m['pbs']} | {m['max_lookup_input_bits']} | {m['max_bit_width']} | "
+            f"{m['key_mib']:.0f} | "
             f"{_num(m.get('key_upload_mib'), '.0f')} | "
             f"{_num(m.get('keygen_s'), '.1f')} | {_num(m.get('latency_median_s'), '.1f')} | "
             f"{m['estimated_latency_s']:.1f} | {sum(m.get('encrypted_equals_clear', []))}/"
-            f"{len(m.get('encrypted_equals_clear', []))} | {_pct(m['clear_accuracy'])} | {_pct(m.get('sim_accuracy'))} "
-            f"| {_pct(m.get('sim_exact_match'))} | {m['peak_rss_gib']:.2f} | {m['load_avg_1min_before']:.1f}/"
-            f"{m['load_avg_1min_after']:.1f} |")
+            f"{len(m.get('encrypted_equals_clear', []))} | {_pct(m['clear_accuracy'])} | "
+            f"{_pct(m.get('sim_accuracy'))} | {_pct(m.get('sim_exact_match'))} | "
+            f"{m['peak_rss_gib']:.2f} | "
+            f"{m['load_avg_1min_before']:.1f}/{m['load_avg_1min_after']:.1f} |"
+        )
     if len(main_rows) == 2:
         (ka, a), (kb, b) = main_rows.items()
         if "latency_median_s" in a and "latency_median_s" in b:
-            lines += ["", f"{kb} / {ka}: {b['pbs'] / a['pbs']:.2f}x the PBS, "
-                      f"{b['latency_median_s'] / a['latency_median_s']:.2f}x the latency, "
-                      f"{b['key_mib'] / a['key_mib']:.2f}x the keys (same run, same machine)."]
+            lines += [
+                "",
+                f"{kb} / {ka}: {b['pbs'] / a['pbs']:.2f}x the PBS, "
+                f"{b['latency_median_s'] / a['latency_median_s']:.2f}x the latency, "
+                f"{b['key_mib'] / a['key_mib']:.2f}x the keys (same run, same machine).",
+            ]
     for kind, m in main_rows.items():
-        lines += ["", f"### {kind}: stages", "", "| stage | PBS | lookup input bits | max width | parameter sets | "
-                  "est. time share |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### {kind}: stages",
+            "",
+            "| stage | PBS | lookup input bits | max width | parameter sets | est. time share |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in m["stages"]:
             params = "; ".join(f"{p}: {n}" for p, n in r["params"].items()) or "—"
-            lines.append(f"| {r['tag']} | {r['pbs']} | {r['lookup_input_bits'] or '—'} | {r['bit_width']} | "
-                         f"{params} | {100 * r['est_time_share']:.1f}% |")
+            lines.append(
+                f"| {r['tag']} | {r['pbs']} | {r['lookup_input_bits'] or '—'} | {r['bit_width']} | "
+                f"{params} | {100 * r['est_time_share']:.1f}% |"
+            )
     if variants:
-        lines += ["", "## Variants (first kind's model)", "",
-                  "| variant | PBS | eval. keys in memory / uploaded (MiB) | latency (s) | est. latency (s) "
-                  "| simulated acc. | sim == clear | sim argmax == clear | encrypted == clear | load before/after |",
-                  "|" + "---|" * 10]
+        lines += [
+            "",
+            "## Variants (first kind's model)",
+            "",
+            "| variant | PBS | eval. keys in memory / uploaded (MiB) | latency (s) | est. latency "
+            "(s) | simulated acc. | sim == clear | sim argmax == clear | encrypted == clear | load "
+            "before/after |",
+            "|" + "---|" * 10,
+        ]
         for label, m in variants:
             eq = m.get("encrypted_equals_clear", [])
             lines.append(
-                f"| {label} | {m['pbs']} | {m['key_mib']:.0f} / {m.get('key_upload_mib', float('nan')):.0f} | "
-                f"{m.get('latency_median_s', float('nan')):.1f} | "
-                f"{m['estimated_latency_s']:.1f} | {_pct(m.get('sim_accuracy'))} | {_pct(m.get('sim_exact_match'))} | "
-                f"{_pct(m.get('sim_argmax_agreement'))} | {sum(eq)}/{len(eq)} | {m['load_avg_1min_before']:.1f}/"
-                f"{m['load_avg_1min_after']:.1f} |")
+                f"| {label} | {m['pbs']} | {m['key_mib']:.0f} / "
+                f"{m.get('key_upload_mib', float('nan')):.0f} | "
+                f"{m.get('latency_median_s', float('nan')):.1f} | {m['estimated_latency_s']:.1f} | "
+                f"{_pct(m.get('sim_accuracy'))} | {_pct(m.get('sim_exact_match'))} | "
+                f"{_pct(m.get('sim_argmax_agreement'))} | {sum(eq)}/{len(eq)} | "
+                f"{m['load_avg_1min_before']:.1f}/{m['load_avg_1min_after']:.1f} |"
+            )
     return lines
 
 
 def _quant_text(task: str) -> str:
     q = recipe_quant(task)
-    return (f"{q.n_bits}-bit activations, {q.attention_bits}-bit Q/K/V, {q.weight_bits}-bit weights, "
-            f"{q.input_bits}-bit inputs, lookups rounded to <= {q.lut_bits} bits")
+    return (
+        f"{q.n_bits}-bit activations, {q.attention_bits}-bit Q/K/V, {q.weight_bits}-bit weights, "
+        f"{q.input_bits}-bit inputs, lookups rounded to <= {q.lut_bits} bits"
+    )
 
 
 VARIANTS = [
@@ -233,18 +340,29 @@ VARIANTS = [
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--task", choices=sorted(RECIPES), default="digits")
     ap.add_argument("--kinds", default="inhibitor,dot-product")
     ap.add_argument("--seeds", type=int, default=3, help="QAT seeds for the accuracy statistics")
     ap.add_argument("--n-exec", type=int, default=3, help="encrypted samples of the first kind")
-    ap.add_argument("--n-exec-others", type=int, default=1,
-                    help="encrypted samples of the other kinds (the dot-product model's keys are ~8 GB here)")
+    ap.add_argument(
+        "--n-exec-others",
+        type=int,
+        default=1,
+        help="encrypted samples of the other kinds (the dot-product model's keys are ~8 GB here)",
+    )
     ap.add_argument("--no-variants", action="store_true")
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     ap.add_argument("--stem", default=None)
-    ap.add_argument("--child-timeout", type=int, default=CHILD_TIMEOUT_S,
-                    help="seconds one measurement (compile, simulate the test split, keygen, encrypted runs) may take")
+    ap.add_argument(
+        "--child-timeout",
+        type=int,
+        default=CHILD_TIMEOUT_S,
+        help="seconds one measurement (compile, simulate the test split, keygen, encrypted runs) "
+        "may take",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -260,26 +378,51 @@ def main() -> None:
         for i, kind in enumerate(kinds):
             print(f"measuring {kind} ...", flush=True)
             n_exec = args.n_exec if i == 0 else args.n_exec_others
-            main_rows[kind] = run_child({"model": str(workdir / f"{kind}.pt"), "n_exec": n_exec},
-                                        timeout_s=args.child_timeout)
+            main_rows[kind] = run_child(
+                {"model": str(workdir / f"{kind}.pt"), "n_exec": n_exec},
+                timeout_s=args.child_timeout,
+            )
         variants = []
         if not args.no_variants:
             first = str(workdir / f"{kinds[0]}.pt")
             for label, spec in VARIANTS:
                 print(f"variant: {label} ...", flush=True)
-                variants.append((label, run_child({"model": first, "n_exec": 1, **spec},
-                                                  timeout_s=args.child_timeout)))
+                variants.append(
+                    (
+                        label,
+                        run_child(
+                            {"model": first, "n_exec": 1, **spec}, timeout_s=args.child_timeout
+                        ),
+                    )
+                )
             print("variant: one core (taskset -c 0) ...", flush=True)
-            variants.append(("one core (taskset -c 0)", run_child({"model": first, "n_exec": 1, "simulate": False},
-                                                                  cores="0", timeout_s=args.child_timeout)))
+            variants.append(
+                (
+                    "one core (taskset -c 0)",
+                    run_child(
+                        {"model": first, "n_exec": 1, "simulate": False},
+                        cores="0",
+                        timeout_s=args.child_timeout,
+                    ),
+                )
+            )
     lines = report(args.task, accuracy, main_rows, variants)
     stem = args.stem or ("tfhe_model" if args.task == "digits" else f"tfhe_model_{args.task}")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     import benchmarks._results as results
 
     results.RESULTS = args.out_dir
-    paths = write_results(stem, lines, {"task": args.task, "recipe": RECIPES[args.task], "accuracy": accuracy,
-                                        "encrypted": main_rows, "variants": dict(variants)})
+    paths = write_results(
+        stem,
+        lines,
+        {
+            "task": args.task,
+            "recipe": RECIPES[args.task],
+            "accuracy": accuracy,
+            "encrypted": main_rows,
+            "variants": dict(variants),
+        },
+    )
     print("\n".join(lines))
     print(f"wrote {paths['md']} and {paths['json']}")
 

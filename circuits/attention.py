@@ -1,8 +1,10 @@
-"""Single-head attention circuits per sequence length: the Inhibitor paper's TFHE study (Tables 2-4).
+"""Single-head attention circuits per sequence length: the Inhibitor paper's TFHE study (Tables
+2-4).
 
 Each circuit takes one encrypted integer tensor (T, 3d) holding Q | K | V at ``n_bits`` bits (values
-in [-1, 1] on a uniform grid) and returns the attention output H (T, d). They are built with the same
-lowering code as whole models (quant.export), so what is measured here is what models compile to.
+in [-1, 1] on a uniform grid) and returns the attention output H (T, d). They are built with the
+same lowering code as whole models (quant.export), so what is measured here is what models compile
+to.
 """
 
 from __future__ import annotations
@@ -79,13 +81,16 @@ class _DctParams:
 
 
 # ---------------------------------------------------------------------------------------- the cores
-Lower = Callable[[Lowering, CircuitSpec, QValue, QValue, QValue, Quantizer], QValue]  # (q, k, v) -> H
+Lower = Callable[
+    [Lowering, CircuitSpec, QValue, QValue, QValue, Quantizer], QValue
+]  # (q, k, v) -> H
 Reference = Callable[[CircuitSpec, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class Core:
-    """One variant's attention: its integer program (the whole-model lowering code) and its float equation."""
+    """One variant's attention: its integer program (the whole-model lowering code) and its float
+    equation."""
 
     lower: Lower
     reference: Reference
@@ -106,7 +111,9 @@ def _inhibitor_lower(low, spec, q, k, v, grid):
 
 
 def _inhibitor_reference(spec, q, k, v):
-    return AF.inhibitor(q, k, v, math.sqrt(spec.d), spec.alpha, spec.variant is Variant.SIGNED_INHIBITOR)
+    return AF.inhibitor(
+        q, k, v, math.sqrt(spec.d), spec.alpha, spec.variant is Variant.SIGNED_INHIBITOR
+    )
 
 
 def _power_reference(spec, q, k, v):
@@ -116,7 +123,9 @@ def _power_reference(spec, q, k, v):
 
 def _geglu_lower(low, spec, q, k, v, grid):
     unit = _geglu_unit(spec.d, spec.seed)
-    gated, down = lower_geglu(low, unit, low.reshape(v, (spec.seq_len, spec.d), "c.v.flat"), "c.geglu")
+    gated, down = lower_geglu(
+        low, unit, low.reshape(v, (spec.seq_len, spec.d), "c.v.flat"), "c.geglu"
+    )
     return low.linear(gated, down.weight, down.bias, "c.geglu.down", "c.geglu")
 
 
@@ -125,17 +134,31 @@ def _geglu_reference(spec, q, k, v):
     return unit.down(unit.up_value(v) * torch.nn.functional.gelu(unit.up_gate(v)))
 
 
-register_core(Variant.INHIBITOR, Variant.SIGNED_INHIBITOR)(Core(_inhibitor_lower, _inhibitor_reference))
-register_core(Variant.DOT_PRODUCT)(Core(
-    lambda low, spec, q, k, v, grid: lower_normalized(low, q, k, v, "c.attn", exp_scores()),
-    lambda spec, q, k, v: AF.dot_product(q, k, v)))
-register_core(Variant.POWER_SOFTMAX)(Core(
-    lambda low, spec, q, k, v, grid: lower_normalized(low, q, k, v, "c.attn", power_scores(4), eps=1e-3,
-                                                      length_agnostic=True),
-    _power_reference))
-register_core(Variant.DCT)(Core(
-    lambda low, spec, q, k, v, grid: lower_dct(low, _DctParams(max(1, spec.seq_len // 2)), q, k, v, "c.attn"),
-    lambda spec, q, k, v: AF.dct_attention(q, k, v, max(1, spec.seq_len // 2))))
+register_core(Variant.INHIBITOR, Variant.SIGNED_INHIBITOR)(
+    Core(_inhibitor_lower, _inhibitor_reference)
+)
+register_core(Variant.DOT_PRODUCT)(
+    Core(
+        lambda low, spec, q, k, v, grid: lower_normalized(low, q, k, v, "c.attn", exp_scores()),
+        lambda spec, q, k, v: AF.dot_product(q, k, v),
+    )
+)
+register_core(Variant.POWER_SOFTMAX)(
+    Core(
+        lambda low, spec, q, k, v, grid: lower_normalized(
+            low, q, k, v, "c.attn", power_scores(4), eps=1e-3, length_agnostic=True
+        ),
+        _power_reference,
+    )
+)
+register_core(Variant.DCT)(
+    Core(
+        lambda low, spec, q, k, v, grid: lower_dct(
+            low, _DctParams(max(1, spec.seq_len // 2)), q, k, v, "c.attn"
+        ),
+        lambda spec, q, k, v: AF.dct_attention(q, k, v, max(1, spec.seq_len // 2)),
+    )
+)
 register_core(Variant.GEGLU)(Core(_geglu_lower, _geglu_reference))
 
 
@@ -152,7 +175,8 @@ def _geglu_unit(d: int, seed: int) -> nn.Module:
     return unit
 
 
-# ------------------------------------------------------------------------------------------ building
+# ------------------------------------------------------------------------------------------
+# building
 def build(spec: CircuitSpec, n_calib: int = 64) -> BuiltCircuit:
     """The integer program of one attention circuit, calibrated on random inputs in [-1, 1]."""
     T, d = spec.seq_len, spec.d
@@ -178,8 +202,11 @@ def build(spec: CircuitSpec, n_calib: int = 64) -> BuiltCircuit:
     return BuiltCircuit(spec, low.graph, calib_ints, out.scale, _reference(spec, grid, attention))
 
 
-def _reference(spec: CircuitSpec, grid: Quantizer, attention: Core) -> Callable[[np.ndarray], np.ndarray]:
-    """The float attention (models.attention.functional) on the dequantized input, for error reports."""
+def _reference(
+    spec: CircuitSpec, grid: Quantizer, attention: Core
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The float attention (models.attention.functional) on the dequantized input, for error
+    reports."""
     d = spec.d
 
     def ref(x_int: np.ndarray) -> np.ndarray:

@@ -1,12 +1,13 @@
-"""Attention kinds under CKKS per sequence length: depth, operations, keys and latency, both layouts.
+"""Attention kinds under CKKS per sequence length: depth, operations, keys and latency, both
+layouts.
 
-For each kind and T a one-block model (random weights, calibrated on N(0, 1) inputs: what an untrained
-model's intervals give, not a trained one's) is compiled to its polynomial program; the clear plan gives
-depth, N, every operation count and the Galois keys exactly, for the batch layout (N/2 samples per
-run) and, where it exists, the packed one (one query). Latency is estimated from those counts and SEAL
-operation costs measured in the same run at the planned N with all its primes: an upper bound, since
-operations at lower levels are cheaper; the costs are CPU time of one core (robust to a loaded machine).
-``execute`` runs the packed programs encrypted too.
+For each kind and T a one-block model (random weights, calibrated on N(0, 1) inputs: what an
+untrained model's intervals give, not a trained one's) is compiled to its polynomial program; the
+clear plan gives depth, N, every operation count and the Galois keys exactly, for the batch layout
+(N/2 samples per run) and, where it exists, the packed one (one query). Latency is estimated from
+those counts and SEAL operation costs measured in the same run at the planned N with all its primes:
+an upper bound, since operations at lower levels are cheaper; the costs are CPU time of one core
+(robust to a loaded machine). ``execute`` runs the packed programs encrypted too.
 """
 
 from __future__ import annotations
@@ -60,11 +61,14 @@ _COSTS: dict[tuple[int, tuple[int, ...]], dict[str, float]] = {}
 
 
 def op_costs(n: int, bit_sizes: tuple[int, ...], repeats: int = 3) -> dict[str, float]:
-    """Seconds per SEAL operation at ring size n with this chain of primes (at its top level), measured here."""
+    """Seconds per SEAL operation at ring size n with this chain of primes (at its top level),
+    measured here."""
     bit_sizes = tuple(bit_sizes)
     if (n, bit_sizes) in _COSTS:
         return _COSTS[(n, bit_sizes)]
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=n, coeff_mod_bit_sizes=list(bit_sizes))
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS, poly_modulus_degree=n, coeff_mod_bit_sizes=list(bit_sizes)
+    )
     seal = ctx.seal_context().data
     ev, enc = sa.Evaluator(seal), sa.CKKSEncoder(seal)
     pt, ct = sa.Plaintext(), sa.Ciphertext()
@@ -73,8 +77,12 @@ def op_costs(n: int, bit_sizes: tuple[int, ...], repeats: int = 3) -> dict[str, 
     keys = make_galois_keys(ctx, [1], n)
     relin = ctx.relin_keys().data
 
-    def timed(fn) -> float:  # this process's CPU time: SEAL runs one operation on one core, so a loaded
-        start = time.process_time()  # machine (other jobs, a niced sweep) does not inflate the estimate
+    def timed(
+        fn,
+    ) -> float:  # this process's CPU time: SEAL runs one operation on one core, so a loaded
+        start = (
+            time.process_time()
+        )  # machine (other jobs, a niced sweep) does not inflate the estimate
         for _ in range(repeats):
             fn()
         return (time.process_time() - start) / repeats
@@ -97,15 +105,30 @@ def op_costs(n: int, bit_sizes: tuple[int, ...], repeats: int = 3) -> dict[str, 
         ev.rescale_to_next_inplace(out)
 
     plain_s = timed(mul_plain)
-    _COSTS[(n, bit_sizes)] = {"ct_ct_mul": timed(mul), "rotation": timed(rot), "ct_pt_mul": plain_s,
-                             "rescale": max(timed(rescale) - plain_s, 0.0)}
+    _COSTS[(n, bit_sizes)] = {
+        "ct_ct_mul": timed(mul),
+        "rotation": timed(rot),
+        "ct_pt_mul": plain_s,
+        "rescale": max(timed(rescale) - plain_s, 0.0),
+    }
     return _COSTS[(n, bit_sizes)]
 
 
-def model_for(kind: str, seq_len: int, d_model: int, n_heads: int, features: int = 8, n_outputs: int = 10):
-    cfg = TransformerConfig(seq_len=seq_len, in_features=features, n_outputs=n_outputs, attention=kind,
-                            d_model=d_model, n_heads=n_heads, norm="none", ffn_activation="gelu",
-                            power_form="length-agnostic", power_eps=0.5)  # ε: untrained scores are wide
+def model_for(
+    kind: str, seq_len: int, d_model: int, n_heads: int, features: int = 8, n_outputs: int = 10
+):
+    cfg = TransformerConfig(
+        seq_len=seq_len,
+        in_features=features,
+        n_outputs=n_outputs,
+        attention=kind,
+        d_model=d_model,
+        n_heads=n_heads,
+        norm="none",
+        ffn_activation="gelu",
+        power_form="length-agnostic",
+        power_eps=0.5,
+    )  # ε: untrained scores are wide
     torch.manual_seed(0)
     return Transformer(cfg).double().eval()
 
@@ -114,27 +137,42 @@ PACKED_SCALES = (38, 33, 30)  # without refresh, a deeper packed program trades 
 
 
 def _compile(model, calib, layout: str, approx: ApproxConfig):
-    """Batch: scale 2^40, labelled refreshes where the chain is too short. Packed (never refreshes): the
-    largest scale in PACKED_SCALES whose chain holds the program."""
+    """Batch: scale 2^40, labelled refreshes where the chain is too short. Packed (never refreshes):
+    the largest scale in PACKED_SCALES whose chain holds the program."""
     if layout == "batch":
         params = CkksParams(layout=layout, approx=approx, scale_bits=40)
         try:
             return compile_model(model, calib, params)
         except DepthError:
-            return compile_model(model, calib, params.replace(refresh=True, poly_modulus_degree=32768))
+            return compile_model(
+                model, calib, params.replace(refresh=True, poly_modulus_degree=32768)
+            )
     for bits in PACKED_SCALES[:-1]:
         try:
-            return compile_model(model, calib, CkksParams(layout=layout, approx=approx, scale_bits=bits))
+            return compile_model(
+                model, calib, CkksParams(layout=layout, approx=approx, scale_bits=bits)
+            )
         except DepthError:
             pass
-    return compile_model(model, calib, CkksParams(layout=layout, approx=approx, scale_bits=PACKED_SCALES[-1]))
+    return compile_model(
+        model, calib, CkksParams(layout=layout, approx=approx, scale_bits=PACKED_SCALES[-1])
+    )
 
 
-def measure(kind: str, seq_len: int, layout: str, d_model: int = 16, n_heads: int = 2,
-            approx: ApproxConfig | None = None, execute: bool = False) -> CkksKindReport:
+def measure(
+    kind: str,
+    seq_len: int,
+    layout: str,
+    d_model: int = 16,
+    n_heads: int = 2,
+    approx: ApproxConfig | None = None,
+    execute: bool = False,
+) -> CkksKindReport:
     rep = CkksKindReport(kind, seq_len, layout)
     model = model_for(kind, seq_len, d_model, n_heads)
-    calib = torch.randn(300 if seq_len <= 16 else 64, seq_len, model.config.in_features, dtype=torch.float64)
+    calib = torch.randn(
+        300 if seq_len <= 16 else 64, seq_len, model.config.in_features, dtype=torch.float64
+    )
     approx = approx or ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
     try:
         compiled = _compile(model, calib, layout, approx)
@@ -144,11 +182,21 @@ def measure(kind: str, seq_len: int, layout: str, d_model: int = 16, n_heads: in
     r = compiled.report()
     ops, n = r["op_counts"], r["poly_modulus_degree"]
     n_primes = len(r["coeff_mod_bit_sizes"])
-    rep.depth, rep.poly_modulus_degree, rep.scale_bits = r["program_depth_without_refresh"], n, r["scale_bits"]
-    rep.client_refreshes, rep.ct_ct_mul, rep.ct_pt_mul = ops["client_refresh"], ops["ct_ct_mul"], ops["ct_pt_mul"]
+    rep.depth, rep.poly_modulus_degree, rep.scale_bits = (
+        r["program_depth_without_refresh"],
+        n,
+        r["scale_bits"],
+    )
+    rep.client_refreshes, rep.ct_ct_mul, rep.ct_pt_mul = (
+        ops["client_refresh"],
+        ops["ct_ct_mul"],
+        ops["ct_pt_mul"],
+    )
     rep.rotations, rep.rescales = ops["rotation"], ops["rescale"]
     rep.galois_keys = r.get("galois_keys_count", 0)
-    relin = galois_keys_memory(1, n, n_primes)  # a relinearisation key is one key-switching key, as a Galois key
+    relin = galois_keys_memory(
+        1, n, n_primes
+    )  # a relinearisation key is one key-switching key, as a Galois key
     rep.key_mib = (relin + galois_keys_memory(rep.galois_keys, n, n_primes)) / 2**20
     rep.samples_per_run = 1 if layout == "packed" else n // 2
     costs = op_costs(n, r["coeff_mod_bit_sizes"])
@@ -162,10 +210,17 @@ def measure(kind: str, seq_len: int, layout: str, d_model: int = 16, n_heads: in
     return rep
 
 
-def sweep(kinds, seq_lens, layouts=("batch", "packed"), execute: bool = False, progress=None, on_row=None,
-          **kw) -> list[CkksKindReport]:
-    """Every kind × T × layout; ``on_row(rows so far)`` after each (e.g. to write partial results: the
-    Inhibitor's clear plan at T = 128 alone takes tens of minutes)."""
+def sweep(
+    kinds,
+    seq_lens,
+    layouts=("batch", "packed"),
+    execute: bool = False,
+    progress=None,
+    on_row=None,
+    **kw,
+) -> list[CkksKindReport]:
+    """Every kind × T × layout; ``on_row(rows so far)`` after each (e.g. to write partial results:
+    the Inhibitor's clear plan at T = 128 alone takes tens of minutes)."""
     from fhe.ckks.mixers import registered_packed_mixers
 
     packed_kinds = {k.value for k in registered_packed_mixers()}
@@ -175,7 +230,11 @@ def sweep(kinds, seq_lens, layouts=("batch", "packed"), execute: bool = False, p
         for t in seq_lens:
             for layout in layouts:
                 if layout == "packed" and kind not in packed_kinds:
-                    out.append(CkksKindReport(kind, t, layout, error="no packed lowering yet (batch layout only)"))
+                    out.append(
+                        CkksKindReport(
+                            kind, t, layout, error="no packed lowering yet (batch layout only)"
+                        )
+                    )
                 else:
                     if progress:
                         progress(f"{kind} T={t} {layout}")
@@ -186,27 +245,37 @@ def sweep(kinds, seq_lens, layouts=("batch", "packed"), execute: bool = False, p
 
 
 def markdown(reports: list[CkksKindReport], command: str) -> str:
-    lines = ["# Attention kinds under CKKS per sequence length", "", f"Command: `{command}`", "",
-             "One block (d_model 16, 2 heads, GELU FFN, no norm), random weights calibrated on N(0, 1) inputs "
-             "(300 of them up to T = 16, 64 beyond), "
-             "tolerances 0.05, PowerSoftmax ε = 0.5. Counts, depth and keys are the clear plan's (equal to an "
-             "encrypted run's). "
-             "Estimated run: counts × SEAL operation costs (CPU time on one core) measured in this run at the "
-             "top level of the planned chain (an upper bound). Batch: one run serves N/2 samples; packed: one "
-             "query. Keys: relinearisation + Galois keys in server memory. Scale: 2^40 batch; packed (no refresh) "
-             f"the largest of 2^{PACKED_SCALES} whose chain holds the program.", "",
-             "| kind | T | layout | depth | N | scale bits | refreshes | ct×ct | ct×pt | rotations | Galois keys "
-             "| keys (MiB) | samples/run | est. run (s) | measured run (s) | max abs error |", "|" + "---|" * 16]
+    lines = [
+        "# Attention kinds under CKKS per sequence length",
+        "",
+        f"Command: `{command}`",
+        "",
+        "One block (d_model 16, 2 heads, GELU FFN, no norm), random weights calibrated on N(0, 1) "
+        "inputs (300 of them up to T = 16, 64 beyond), tolerances 0.05, PowerSoftmax ε = 0.5. "
+        "Counts, depth and keys are the clear plan's (equal to an encrypted run's). Estimated "
+        "run: counts × SEAL operation costs (CPU time on one core) measured in this run at the "
+        "top level of the planned chain (an upper bound). Batch: one run serves N/2 samples; "
+        "packed: one query. Keys: relinearisation + Galois keys in server memory. Scale: 2^40 "
+        f"batch; packed (no refresh) the largest of 2^{PACKED_SCALES} whose chain holds the "
+        "program.",
+        "",
+        "| kind | T | layout | depth | N | scale bits | refreshes | ct×ct | ct×pt | rotations "
+        "| Galois keys | keys (MiB) | samples/run | est. run (s) | measured run (s) "
+        "| max abs error |",
+        "|" + "---|" * 16,
+    ]
     for r in reports:
         if r.error:
             lines.append(f"| {r.kind} | {r.seq_len} | {r.layout} | {r.error} |" + " |" * 12)
             continue
         meas = "—" if r.measured_run_s is None else f"{r.measured_run_s:.2f}"
         err = "—" if r.max_abs_error is None else f"{r.max_abs_error:.1e}"
-        lines.append(f"| {r.kind} | {r.seq_len} | {r.layout} | {r.depth} | {r.poly_modulus_degree} | "
-                     f"{r.scale_bits} | {r.client_refreshes} | {r.ct_ct_mul} | {r.ct_pt_mul} | {r.rotations} | "
-                     f"{r.galois_keys} | {r.key_mib:.0f} | {r.samples_per_run} | {r.estimated_run_s:.1f} | {meas} "
-                     f"| {err} |")
+        lines.append(
+            f"| {r.kind} | {r.seq_len} | {r.layout} | {r.depth} | {r.poly_modulus_degree} | "
+            f"{r.scale_bits} | {r.client_refreshes} | {r.ct_ct_mul} | {r.ct_pt_mul} | "
+            f"{r.rotations} | {r.galois_keys} | {r.key_mib:.0f} | {r.samples_per_run} | "
+            f"{r.estimated_run_s:.1f} | {meas} | {err} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -217,19 +286,30 @@ def plot(reports: list[CkksKindReport], path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for (kind, layout) in sorted({(r.kind, r.layout) for r in reports}):
-        rs = sorted((r for r in reports if (r.kind, r.layout) == (kind, layout) and not r.error),
-                    key=lambda r: r.seq_len)
+    for kind, layout in sorted({(r.kind, r.layout) for r in reports}):
+        rs = sorted(
+            (r for r in reports if (r.kind, r.layout) == (kind, layout) and not r.error),
+            key=lambda r: r.seq_len,
+        )
         if not rs:
             continue
         style = "-" if layout == "batch" else "--"
         ts_ = [r.seq_len for r in rs]
         axes[0].plot(ts_, [r.depth for r in rs], style, marker="o", label=f"{kind} ({layout})")
-        axes[1].plot(ts_, [r.estimated_run_s / r.samples_per_run for r in rs], style, marker="o",
-                     label=f"{kind} ({layout})")
+        axes[1].plot(
+            ts_,
+            [r.estimated_run_s / r.samples_per_run for r in rs],
+            style,
+            marker="o",
+            label=f"{kind} ({layout})",
+        )
     axes[0].set(xlabel="sequence length T", ylabel="multiplicative depth", title="depth")
-    axes[1].set(xlabel="sequence length T", ylabel="seconds per sample (estimated)", title="latency / sample",
-                yscale="log")
+    axes[1].set(
+        xlabel="sequence length T",
+        ylabel="seconds per sample (estimated)",
+        title="latency / sample",
+        yscale="log",
+    )
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.grid(True, which="both", alpha=0.3)
@@ -246,9 +326,15 @@ def write(reports: list[CkksKindReport], out_dir, stem: str, command: str) -> di
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"md": out_dir / f"{stem}.md", "json": out_dir / f"{stem}.json", "png": out_dir / f"{stem}.png"}
+    paths = {
+        "md": out_dir / f"{stem}.md",
+        "json": out_dir / f"{stem}.json",
+        "png": out_dir / f"{stem}.png",
+    }
     paths["md"].write_text(markdown(reports, command))
     costs = {f"N={n},primes={len(b)}x{b[1]}b": c for (n, b), c in _COSTS.items()}
-    paths["json"].write_text(json.dumps({"reports": [r.to_dict() for r in reports], "op_costs_s": costs}, indent=2))
+    paths["json"].write_text(
+        json.dumps({"reports": [r.to_dict() for r in reports], "op_costs_s": costs}, indent=2)
+    )
     plot(reports, paths["png"])
     return paths

@@ -1,4 +1,5 @@
-"""Compile, key and run attention circuits over sequence lengths: the Inhibitor paper's Tables 2 and 4."""
+"""Compile, key and run attention circuits over sequence lengths: the Inhibitor paper's Tables 2 and
+4."""
 
 from __future__ import annotations
 
@@ -41,21 +42,42 @@ class CircuitReport:
         return asdict(self)
 
 
-def measure(spec: CircuitSpec, execute: bool = True, repeats: int = 3,
-            params: TfheParams | None = None) -> CircuitReport:
+def measure(
+    spec: CircuitSpec, execute: bool = True, repeats: int = 3, params: TfheParams | None = None
+) -> CircuitReport:
     """Builds, compiles and (with ``execute``) keys and runs one circuit ``repeats`` times on inputs
     drawn from its inputset, checking every encrypted output against the clear integer program."""
     built = build(spec)
-    params = params or TfheParams(quant=QuantConfig(n_bits=spec.n_bits), inputset_size=len(built.calib_ints))
-    backend = TfheBackend.compile(built.graph, built.calib_ints, params, meta={"seq_len": spec.seq_len},
-                                  simulate_only=not execute)
+    params = params or TfheParams(
+        quant=QuantConfig(n_bits=spec.n_bits), inputset_size=len(built.calib_ints)
+    )
+    backend = TfheBackend.compile(
+        built.graph,
+        built.calib_ints,
+        params,
+        meta={"seq_len": spec.seq_len},
+        simulate_only=not execute,
+    )
     rep = backend.report()
-    out = CircuitReport(spec.variant.value, spec.seq_len, spec.d, spec.n_bits, spec.lut_bits, rep["pbs_count"],
-                        rep["pbs_per_tag"], rep["max_bit_width"], rep["bit_width_per_tag"], rep["params"],
-                        rep["key_sizes_bytes"], rep["timings_s"]["compile"])
+    out = CircuitReport(
+        spec.variant.value,
+        spec.seq_len,
+        spec.d,
+        spec.n_bits,
+        spec.lut_bits,
+        rep["pbs_count"],
+        rep["pbs_per_tag"],
+        rep["max_bit_width"],
+        rep["bit_width_per_tag"],
+        rep["params"],
+        rep["key_sizes_bytes"],
+        rep["timings_s"]["compile"],
+    )
     xs = built.calib_ints[:repeats]
     clear, _ = built.graph.run(xs)
-    out.max_abs_error_vs_float = float(np.abs(clear * np.asarray(built.output_scale) - built.reference(xs)).max())
+    out.max_abs_error_vs_float = float(
+        np.abs(clear * np.asarray(built.output_scale) - built.reference(xs)).max()
+    )
     if execute:
         backend.keygen()
         out.keygen_s = backend.timings_s["keygen"]
@@ -75,12 +97,33 @@ def measure(spec: CircuitSpec, execute: bool = True, repeats: int = 3,
 
 
 def failed(spec: CircuitSpec, error: str) -> CircuitReport:
-    return CircuitReport(spec.variant.value, spec.seq_len, spec.d, spec.n_bits, spec.lut_bits, 0, {}, 0, {}, {},
-                         {"evaluation": 0}, 0.0, error=error)
+    return CircuitReport(
+        spec.variant.value,
+        spec.seq_len,
+        spec.d,
+        spec.n_bits,
+        spec.lut_bits,
+        0,
+        {},
+        0,
+        {},
+        {},
+        {"evaluation": 0},
+        0.0,
+        error=error,
+    )
 
 
-def sweep(variants: list[str], seq_lens: list[int], d: int = 2, n_bits: int = 6, lut_bits: int | None = None,
-          execute: bool = True, repeats: int = 3, progress=None) -> list[CircuitReport]:
+def sweep(
+    variants: list[str],
+    seq_lens: list[int],
+    d: int = 2,
+    n_bits: int = 6,
+    lut_bits: int | None = None,
+    execute: bool = True,
+    repeats: int = 3,
+    progress=None,
+) -> list[CircuitReport]:
     jobs = [CircuitSpec(Variant(v), t, d, n_bits, lut_bits) for t in seq_lens for v in variants]
     reports = []
     for spec in jobs:

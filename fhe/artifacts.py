@@ -43,30 +43,42 @@ def toolkit_version() -> str:
 
 def write_manifest(directory: Path, scheme: str, role: str) -> Path:
     files = sorted(p for p in directory.iterdir() if p.is_file() and p.name != MANIFEST)
-    doc = {"format_version": FORMAT_VERSION, "toolkit_version": toolkit_version(), "scheme": scheme, "role": role,
-           "files": {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}}
+    doc = {
+        "format_version": FORMAT_VERSION,
+        "toolkit_version": toolkit_version(),
+        "scheme": scheme,
+        "role": role,
+        "files": {p.name: {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files},
+    }
     path = directory / MANIFEST
     path.write_text(json.dumps(doc, indent=2))
     return path
 
 
 def verify(directory: Path, role: str) -> dict:
-    """Checks ``directory`` against its manifest; returns the manifest. Raises :class:`ArtifactError`."""
+    """Checks ``directory`` against its manifest; returns the manifest. Raises
+    :class:`ArtifactError`."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise ArtifactError(f"no {role} artifact at {directory}: write one with `fhe compile MODEL --out DIR`")
+        raise ArtifactError(
+            f"no {role} artifact at {directory}: write one with `fhe compile MODEL --out DIR`"
+        )
     path = directory / MANIFEST
     if not path.exists():
-        raise ArtifactError(f"{directory} has no {MANIFEST}: not an artifact written by this toolkit (or written by "
-                            "an older version); compile it again with `fhe compile MODEL --out DIR`")
+        raise ArtifactError(
+            f"{directory} has no {MANIFEST}: not an artifact written by this toolkit (or written "
+            "by an older version); compile it again with `fhe compile MODEL --out DIR`"
+        )
     try:
         doc = json.loads(path.read_text())
         files = doc["files"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ArtifactError(f"{path} is corrupt ({exc})") from exc
     if doc.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{directory} has artifact format {doc.get('format_version')}, this toolkit reads "
-                            f"{FORMAT_VERSION}: compile it again")
+        raise ArtifactError(
+            f"{directory} has artifact format {doc.get('format_version')}, this toolkit reads "
+            f"{FORMAT_VERSION}: compile it again"
+        )
     if doc.get("role") != role:
         raise ArtifactError(f"{directory} is a {doc.get('role')} artifact, not a {role} artifact")
     for name, entry in files.items():
@@ -74,7 +86,9 @@ def verify(directory: Path, role: str) -> dict:
         if not f.is_file():
             raise ArtifactError(f"{role} artifact {directory} is incomplete: {name} is missing")
         if f.stat().st_size != entry["bytes"] or _sha256(f) != entry["sha256"]:
-            raise ArtifactError(f"{role} artifact file {f} is corrupt (its SHA-256 differs from {MANIFEST})")
+            raise ArtifactError(
+                f"{role} artifact file {f} is corrupt (its SHA-256 differs from {MANIFEST})"
+            )
     extra = {p.name for p in directory.iterdir() if p.is_file()} - set(files) - {MANIFEST}
     if extra:
         raise ArtifactError(f"{directory} holds files its manifest does not list: {sorted(extra)}")
@@ -82,8 +96,9 @@ def verify(directory: Path, role: str) -> dict:
 
 
 def atomic_save(directory: Path, write: Callable[[Path], dict], scheme: str) -> dict[str, Path]:
-    """Runs ``write(tmp)`` (which fills ``tmp/server`` and maybe ``tmp/client``), writes their manifests,
-    then moves them into ``directory`` (replacing older ones only once the new ones are complete)."""
+    """Runs ``write(tmp)`` (which fills ``tmp/server`` and maybe ``tmp/client``), writes their
+    manifests, then moves them into ``directory`` (replacing older ones only once the new ones are
+    complete)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".writing-{os.getpid()}"

@@ -1,10 +1,12 @@
-"""Encrypted (or simulated) versus clear comparison for the TFHE backend (what ``fhe compare`` prints).
+"""Encrypted (or simulated) versus clear comparison for the TFHE backend (what ``fhe compare``
+prints).
 
 Three predictions per test sample: the float model, the clear integer program, and Concrete's run of
-the compiled circuit (``simulate``: Concrete's simulation; ``execute``: encrypt, run, decrypt, in this
-process or on Ray workers). The client's overflow policy applies (:class:`fhe.harness.CompiledModel`):
-a sample that would take a value outside a calibrated width is refused, counted, and left out of every
-figure. The CKKS counterpart is :func:`fhe.ckks.compare.compare_ckks`.
+the compiled circuit (``simulate``: Concrete's simulation; ``execute``: encrypt, run, decrypt, in
+this process or on Ray workers). The client's overflow policy applies
+(:class:`fhe.harness.CompiledModel`): a sample that would take a value outside a calibrated width is
+refused, counted, and left out of every figure. The CKKS counterpart is
+:func:`fhe.ckks.compare.compare_ckks`.
 """
 
 from __future__ import annotations
@@ -23,53 +25,72 @@ class NothingToCompareError(FheError):
     """Every sample would overflow a calibrated width."""
 
 
-def compare_tfhe(compiled, x: torch.Tensor, y: np.ndarray, mode: str = "simulate", workers: int = 0,
-                 address: str | None = None, progress: Callable[[int, int], None] | None = None,
-                 on_message: Callable[[str], None] | None = None) -> dict:
+def compare_tfhe(
+    compiled,
+    x: torch.Tensor,
+    y: np.ndarray,
+    mode: str = "simulate",
+    workers: int = 0,
+    address: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    on_message: Callable[[str], None] | None = None,
+) -> dict:
     """Accuracy, agreement and exact-match figures of ``compiled`` on ``x`` (labels ``y``).
 
-    ``mode="execute"`` needs keys (``compiled.keygen()``); with ``workers`` or ``address`` the samples
-    run on Ray (latency is then the batch's wall time over its size: throughput, not latency).
-    ``progress(done, total)`` is called after each sample."""
+    ``mode="execute"`` needs keys (``compiled.keygen()``); with ``workers`` or ``address`` the
+    samples run on Ray (latency is then the batch's wall time over its size: throughput, not
+    latency). ``progress(done, total)`` is called after each sample."""
     if mode not in ("simulate", "execute"):
         raise ValueError(f"mode must be 'simulate' or 'execute', got {mode!r}")
     flt = predict(compiled.program.model, x).numpy()
     x_int = compiled.program.quantize_input(x)
-    # one clear run per sample: the reference outputs, and which samples left a calibrated width (a value
+    # one clear run per sample: the reference outputs, and which samples left a calibrated width (a
+    # value
     # the clear run saturates but the encrypted circuit wraps around)
     runs = [compiled.program.run_int(xi[None], "clip") for xi in x_int]
     clear = np.concatenate([out for out, _ in runs])
     accepted = np.array([not clipped for _, clipped in runs])
     if not accepted.any():
-        raise NothingToCompareError(f"all {len(accepted)} samples would overflow a calibrated width; compile with "
-                                    "--ranges proven or calibrate on data like them (--calib)")
+        raise NothingToCompareError(
+            f"all {len(accepted)} samples would overflow a calibrated width; compile with "
+            "--ranges proven or calibrate on data like them (--calib)"
+        )
     todo = x_int[accepted]
     if mode == "execute" and (workers or address):
         from fhe.deploy.batch import execute_compiled
 
-        outs, batch = execute_compiled(compiled, todo, workers, address,
-                                       progress and (lambda done: progress(done, len(todo))))
+        outs, batch = execute_compiled(
+            compiled, todo, workers, address, progress and (lambda done: progress(done, len(todo)))
+        )
         if on_message:
-            on_message(f"Ray: {batch.workers} workers, setup {batch.setup_s:.1f} s, "
-                       f"{batch.throughput:.3f} samples/s")
+            on_message(
+                f"Ray: {batch.workers} workers, setup {batch.setup_s:.1f} s, "
+                f"{batch.throughput:.3f} samples/s"
+            )
         latencies = [batch.run_s / len(outs)] * len(outs)
     else:
         outs, latencies = [], []
         backend = compiled.backend
         for i, xi in enumerate(todo):
             start = time.perf_counter()
-            outs.append(backend.simulate(xi) if mode == "simulate" else backend.encrypt_run_decrypt(xi))
+            outs.append(
+                backend.simulate(xi) if mode == "simulate" else backend.encrypt_run_decrypt(xi)
+            )
             latencies.append(time.perf_counter() - start)
             if progress:
                 progress(i + 1, len(todo))
     fhe_out, clear, flt, y = np.stack(outs), clear[accepted], flt[accepted], np.asarray(y)[accepted]
     pred = {"float": flt.argmax(-1), "clear": clear.argmax(-1), mode: fhe_out.argmax(-1)}
     return {
-        "n": int(len(y)), "mode": mode, "n_bits": compiled.program.config.n_bits,
+        "n": int(len(y)),
+        "mode": mode,
+        "n_bits": compiled.program.config.n_bits,
         "accuracy": {k: float((v == y).mean()) for k, v in pred.items()},
-        "agreement": {f"{mode}_vs_clear": float((pred[mode] == pred["clear"]).mean()),
-                      f"{mode}_vs_float": float((pred[mode] == pred["float"]).mean()),
-                      "clear_vs_float": float((pred["clear"] == pred["float"]).mean())},
+        "agreement": {
+            f"{mode}_vs_clear": float((pred[mode] == pred["clear"]).mean()),
+            f"{mode}_vs_float": float((pred[mode] == pred["float"]).mean()),
+            "clear_vs_float": float((pred["clear"] == pred["float"]).mean()),
+        },
         "exact_integer_match": float((fhe_out == clear).all(axis=-1).mean()),
         "refused_overflow": int((~accepted).sum()),
         "latency_s": {"median": float(np.median(latencies)), "mean": float(np.mean(latencies))},

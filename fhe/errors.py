@@ -14,8 +14,8 @@ class KeysMissingError(FheError):
 
 
 class InputOverflowError(FheError):
-    """An input would push a value past the bit width calibration fixed: the encrypted circuit would wrap
-    around where the clear program saturates, so the client refuses to encrypt it."""
+    """An input would push a value past the bit width calibration fixed: the encrypted circuit would
+    wrap around where the clear program saturates, so the client refuses to encrypt it."""
 
 
 class SecretKeyLeakError(FheError):

@@ -1,12 +1,12 @@
 """The shared encrypt/run/decrypt harness: float in, float out, whatever the scheme.
 
 ``compile_model`` hands a trained model to the backend registered for the parameter type and returns
-one :class:`CompiledModel` with the same vocabulary on every backend: ``keygen``, ``encrypt``, ``run``,
-``decrypt``, ``encrypt_run_decrypt``, ``simulate``, ``clear``, ``report`` and ``save`` (the secret key
-only on explicit request). What differs between schemes sits in its :class:`Codec`, the client's side of
-the boundary: TFHE quantizes the input and dequantizes the output with the integer program's own
-quantizers (:class:`QuantCodec`, as Concrete ML's client does); CKKS programs take floats directly
-(:class:`IdentityCodec`).
+one :class:`CompiledModel` with the same vocabulary on every backend: ``keygen``, ``encrypt``,
+``run``, ``decrypt``, ``encrypt_run_decrypt``, ``simulate``, ``clear``, ``report`` and ``save`` (the
+secret key only on explicit request). What differs between schemes sits in its :class:`Codec`, the
+client's side of the boundary: TFHE quantizes the input and dequantizes the output with the integer
+program's own quantizers (:class:`QuantCodec`, as Concrete ML's client does); CKKS programs take
+floats directly (:class:`IdentityCodec`).
 """
 
 from __future__ import annotations
@@ -43,19 +43,25 @@ class Backend(Protocol):
 
 
 class Codec(Protocol):
-    """Floats to what the backend encrypts, and back; the clear program that every encrypted run equals."""
+    """Floats to what the backend encrypts, and back; the clear program that every encrypted run
+    equals."""
 
     model: Transformer
 
     def encode(self, x) -> np.ndarray: ...
     def decode(self, y: np.ndarray) -> np.ndarray: ...
-    def reference(self, encoded: np.ndarray) -> np.ndarray: ...  # the clear program, encoded in and out
-    def overflowing(self, encoded: np.ndarray) -> dict[str, int]: ...  # nodes an input would overflow
+    def reference(
+        self, encoded: np.ndarray
+    ) -> np.ndarray: ...  # the clear program, encoded in and out
+    def overflowing(
+        self, encoded: np.ndarray
+    ) -> dict[str, int]: ...  # nodes an input would overflow
 
 
 @dataclass
 class QuantCodec:
-    """TFHE: the integer program's input quantizer and output scale; its clear integer run as reference."""
+    """TFHE: the integer program's input quantizer and output scale; its clear integer run as
+    reference."""
 
     program: QuantizedProgram
 
@@ -78,7 +84,8 @@ class QuantCodec:
 
 @dataclass
 class IdentityCodec:
-    """CKKS: the polynomial program takes and returns floats; ``reference`` is its clear evaluation."""
+    """CKKS: the polynomial program takes and returns floats; ``reference`` is its clear
+    evaluation."""
 
     model: Transformer
     reference: Callable[[np.ndarray], np.ndarray] = field(repr=False)
@@ -90,16 +97,18 @@ class IdentityCodec:
         return y
 
     def overflowing(self, x) -> dict[str, int]:
-        return {}  # a polynomial has no width to overflow; values outside its intervals are counted elsewhere
+        # a polynomial has no width to overflow; values outside its intervals are counted elsewhere
+        return {}
 
 
 @dataclass
 class CompiledModel:
-    """A compiled model and its client codec. Overflow policy (TFHE with ``ranges="calibrated"``): an input
-    that would take any value outside its calibrated bit width (where the encrypted circuit wraps around
-    and the clear program saturates) is refused by :meth:`encrypt` with :class:`InputOverflowError` naming
-    the node, so every encrypted result equals the clear program; ``allow_overflow=True`` encrypts anyway.
-    With ``ranges="proven"`` no accepted input can overflow and nothing is refused."""
+    """A compiled model and its client codec. Overflow policy (TFHE with ``ranges="calibrated"``):
+    an input that would take any value outside its calibrated bit width (where the encrypted circuit
+    wraps around and the clear program saturates) is refused by :meth:`encrypt` with
+    :class:`InputOverflowError` naming the node, so every encrypted result equals the clear program;
+    ``allow_overflow=True`` encrypts anyway. With ``ranges="proven"`` no accepted input can overflow
+    and nothing is refused."""
 
     backend: Backend
     codec: Codec
@@ -113,7 +122,9 @@ class CompiledModel:
     def program(self) -> QuantizedProgram:
         """The integer program (TFHE only)."""
         if not isinstance(self.codec, QuantCodec):
-            raise AttributeError(f"a {self.backend.scheme.value} compiled model has no integer program")
+            raise AttributeError(
+                f"a {self.backend.scheme.value} compiled model has no integer program"
+            )
         return self.codec.program
 
     # the client boundary
@@ -133,10 +144,12 @@ class CompiledModel:
             first = next(iter(clipped))
             node = self.program.graph.nodes[first]
             raise InputOverflowError(
-                f"this input takes {sum(clipped.values())} value(s) in {len(clipped)} node(s) outside their "
-                f"calibrated bit widths, first {first!r} (tag {node.tag!r}, {node.bits} bits); encrypted, they "
-                "would wrap around and the result would be wrong. Compile with --ranges proven (widths that "
-                "hold every input), calibrate on data like this input (--calib), or pass allow_overflow=True.")
+                f"this input takes {sum(clipped.values())} value(s) in {len(clipped)} node(s) "
+                f"outside their calibrated bit widths, first {first!r} (tag {node.tag!r}, "
+                f"{node.bits} bits); encrypted, they would wrap around and the result would be "
+                "wrong. Compile with --ranges proven (widths that hold every input), calibrate on "
+                "data like this input (--calib), or pass allow_overflow=True."
+            )
 
     def run(self, ct):
         return self.backend.run(ct)
@@ -154,8 +167,8 @@ class CompiledModel:
         return self.codec.decode(self.backend.simulate(self.codec.encode(x)))
 
     def clear(self, x) -> np.ndarray:
-        """The clear program (TFHE: the integer program; CKKS: the polynomial program), the exact reference
-        of every encrypted run."""
+        """The clear program (TFHE: the integer program; CKKS: the polynomial program), the exact
+        reference of every encrypted run."""
         return self.codec.decode(self.codec.reference(self.codec.encode(x)))
 
     def report(self) -> dict:
@@ -173,22 +186,34 @@ class CompiledModel:
         sim = np.stack([self.backend.simulate(xi) for xi in x_int])
         equal = (sim == clear).all(axis=tuple(range(1, sim.ndim)))
         bad = np.flatnonzero(~equal)
-        return SimulationCheck(len(x_int), int(equal.sum()), int(bad[0]) if len(bad) else None,
-                               float(np.abs(sim - clear).max()),
-                               float((sim.reshape(len(sim), -1).argmax(-1) == clear.reshape(len(clear), -1).argmax(-1))
-                                     .mean()))
+        return SimulationCheck(
+            len(x_int),
+            int(equal.sum()),
+            int(bad[0]) if len(bad) else None,
+            float(np.abs(sim - clear).max()),
+            float(
+                (
+                    sim.reshape(len(sim), -1).argmax(-1) == clear.reshape(len(clear), -1).argmax(-1)
+                ).mean()
+            ),
+        )
 
 
 def locate_divergence(compiled: CompiledModel, calib_x, check: SimulationCheck):
-    """The first node whose simulated value differs from the clear program on the first sample ``check``
-    found unequal (:mod:`fhe.divergence`); None when the check was exact or no prefix reproduces it."""
+    """The first node whose simulated value differs from the clear program on the first sample
+    ``check`` found unequal (:mod:`fhe.divergence`); None when the check was exact or no prefix
+    reproduces it."""
     from fhe.divergence import first_divergence
 
     if check.first_mismatch is None:
         return None
     calib_ints = compiled.program.quantize_input(np.asarray(calib_x))
-    return first_divergence(compiled.program.graph, calib_ints[check.first_mismatch], calib_ints,
-                            compiled.backend.params)
+    return first_divergence(
+        compiled.program.graph,
+        calib_ints[check.first_mismatch],
+        calib_ints,
+        compiled.backend.params,
+    )
 
 
 @dataclass(frozen=True)
@@ -207,25 +232,36 @@ class SimulationCheck:
         head = f"simulation == clear integer program on {self.n_equal}/{self.n} calibration samples"
         if self.exact:
             return head
-        return (f"{head} (first mismatch: sample {self.first_mismatch}, max |difference| {self.max_abs_diff:g}, "
-                f"argmax agreement {100 * self.argmax_agreement:.1f}%)")
+        return (
+            f"{head} (first mismatch: sample {self.first_mismatch}, max |difference| "
+            f"{self.max_abs_diff:g}, argmax agreement {100 * self.argmax_agreement:.1f}%)"
+        )
 
 
 def save_artifacts(backend: Backend, directory, include_secret_key: bool = False) -> dict:
-    """Writes ``server/`` and (with ``include_secret_key``) ``client/``, each with a manifest of SHA-256
-    digests, through a temporary folder renamed into place."""
-    return atomic_save(directory, lambda tmp: backend.save(tmp, include_secret_key=include_secret_key),
-                       backend.scheme.value)
+    """Writes ``server/`` and (with ``include_secret_key``) ``client/``, each with a manifest of
+    SHA-256 digests, through a temporary folder renamed into place."""
+    return atomic_save(
+        directory,
+        lambda tmp: backend.save(tmp, include_secret_key=include_secret_key),
+        backend.scheme.value,
+    )
 
 
-def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams | CkksParams,
-                  quant_config: QuantConfig | None = None, simulate_only: bool = False,
-                  meta: dict | None = None) -> CompiledModel:
-    """Quantize ``model`` on ``calib_x`` and compile it for the scheme of ``params`` (TFHE), or build
-    and calibrate its polynomial program (CKKS)."""
+def compile_model(
+    model: Transformer,
+    calib_x: torch.Tensor,
+    params: TfheParams | CkksParams,
+    quant_config: QuantConfig | None = None,
+    simulate_only: bool = False,
+    meta: dict | None = None,
+) -> CompiledModel:
+    """Quantize ``model`` on ``calib_x`` and compile it for the scheme of ``params`` (TFHE), or
+    build and calibrate its polynomial program (CKKS)."""
     if isinstance(params, CkksParams):
-        backend = backend_for(params).compile(model, calib_x, params,
-                                              meta={"seq_len": model.config.seq_len, **(meta or {})})
+        backend = backend_for(params).compile(
+            model, calib_x, params, meta={"seq_len": model.config.seq_len, **(meta or {})}
+        )
         return CompiledModel(backend, IdentityCodec(model, backend.simulate))
     if quant_config is not None:  # an explicit configuration replaces the parameters' own
         params = params.replace(quant=quant_config)
@@ -233,12 +269,23 @@ def compile_model(model: Transformer, calib_x: torch.Tensor, params: TfheParams 
     program = export(model, calib_x, qconfig)
     backend_cls = backend_for(params)
     calib_ints = program.quantize_input(calib_x)
-    meta = {"seq_len": model.config.seq_len, "model_config": model.config.to_dict(),
-            "input_scale": program.input_quantizer.scale, "input_zero_point": program.input_quantizer.zero_point,
-            "input_qmin": program.input_quantizer.qmin, "input_qmax": program.input_quantizer.qmax,
-            "output_scale": np.asarray(program.output_scale).tolist(),
-            **(meta or {})}
+    meta = {
+        "seq_len": model.config.seq_len,
+        "model_config": model.config.to_dict(),
+        "input_scale": program.input_quantizer.scale,
+        "input_zero_point": program.input_quantizer.zero_point,
+        "input_qmin": program.input_quantizer.qmin,
+        "input_qmax": program.input_quantizer.qmax,
+        "output_scale": np.asarray(program.output_scale).tolist(),
+        **(meta or {}),
+    }
     q = program.input_quantizer
-    backend = backend_cls.compile(program.graph, calib_ints, params, meta=meta, simulate_only=simulate_only,
-                                  input_range=(q.qmin, q.qmax))
+    backend = backend_cls.compile(
+        program.graph,
+        calib_ints,
+        params,
+        meta=meta,
+        simulate_only=simulate_only,
+        input_range=(q.qmin, q.qmax),
+    )
     return CompiledModel(backend, QuantCodec(program))

@@ -22,23 +22,24 @@ RANGES = ("calibrated", "proven")
 class TfheParams:
     """TFHE compilation settings (concrete-python).
 
-    ``quant``: the quantization the integer program is built with (bits, rounding, ranges), owned here
-    only: ``n_bits`` reads it. Rounding is applied by the quantizer (it changes the integer program
-    itself, so the clear and encrypted runs agree exactly). ``p_error``: probability that one PBS
-    returns a wrong value; ``global_p_error``: for the whole circuit (Concrete takes the stricter).
-    ``exact_rounding``:
-    Concrete's exact rounding (extra PBS, encrypted == clear) or its approximate rounding (cheaper
-    lookups; values near a rounding boundary may read the neighbouring table entry).
+    ``quant``: the quantization the integer program is built with (bits, rounding, ranges), owned
+    here only: ``n_bits`` reads it. Rounding is applied by the quantizer (it changes the integer
+    program itself, so the clear and encrypted runs agree exactly). ``p_error``: probability that
+    one PBS returns a wrong value; ``global_p_error``: for the whole circuit (Concrete takes the
+    stricter). ``exact_rounding``: Concrete's exact rounding (extra PBS, encrypted == clear) or its
+    approximate rounding (cheaper lookups; values near a rounding boundary may read the neighbouring
+    table entry).
 
-    ``ranges``: where every value's bit width comes from. ``calibrated`` (default, cheapest): from the
-    calibration set; an input unlike it can push a value past its width, where the encrypted circuit
-    would wrap around, so the client refuses such inputs (:class:`fhe.harness.InputOverflowError`).
-    ``proven``: from interval arithmetic over every input the client accepts (quant/ranges.py): no
-    value can overflow, at the cost of wider values (measured in benchmarks/results/overflow.md).
+    ``ranges``: where every value's bit width comes from. ``calibrated`` (default, cheapest): from
+    the calibration set; an input unlike it can push a value past its width, where the encrypted
+    circuit would wrap around, so the client refuses such inputs
+    (:class:`fhe.harness.InputOverflowError`). ``proven``: from interval arithmetic over every input
+    the client accepts (quant/ranges.py): no value can overflow, at the cost of wider values
+    (measured in benchmarks/results/overflow.md).
 
-    ``compress_keys``: Concrete's seeded evaluation keys. The client serialises (and uploads) each key's
-    random masks as a seed, about 4-5x fewer bytes; the server expands them when it loads the keys, so
-    its memory and the run time are unchanged (benchmarks/results/tfhe_model.md).
+    ``compress_keys``: Concrete's seeded evaluation keys. The client serialises (and uploads) each
+    key's random masks as a seed, about 4-5x fewer bytes; the server expands them when it loads the
+    keys, so its memory and the run time are unchanged (benchmarks/results/tfhe_model.md).
     """
 
     quant: QuantConfig = field(default_factory=QuantConfig)
@@ -73,16 +74,19 @@ class CkksLayout(str, Enum):
     """Where a CKKS program puts its values (fhe/ckks/packing.py, fhe/ckks/program.py)."""
 
     BATCH = "batch"  # SIMD over samples: one run costs the same for 1 or N/2 samples (throughput)
-    PACKED = "packed"  # one sample's activations in one ciphertext, rotations: the latency of one query
+    PACKED = (
+        "packed"  # one sample's activations in one ciphertext, rotations: the latency of one query
+    )
 
 
 @dataclass(frozen=True)
 class CkksParams:
-    """CKKS settings (TenSEAL). ``poly_modulus_degree=None`` lets the planner pick the smallest N whose
-    128-bit coefficient chain holds the program's depth. ``refresh`` opts in to the client-assisted
-    refresh (the data owner decrypts and re-encrypts ciphertexts that ran out of levels): never implicit.
-    ``batch_size`` caps the samples packed per ciphertext (SIMD slots; N/2 at most). ``layout``: batch
-    (samples in the slots) or packed (one sample per ciphertext, rotations; see :class:`CkksLayout`)."""
+    """CKKS settings (TenSEAL). ``poly_modulus_degree=None`` lets the planner pick the smallest N
+    whose 128-bit coefficient chain holds the program's depth. ``refresh`` opts in to the
+    client-assisted refresh (the data owner decrypts and re-encrypts ciphertexts that ran out of
+    levels): never implicit. ``batch_size`` caps the samples packed per ciphertext (SIMD slots; N/2
+    at most). ``layout``: batch (samples in the slots) or packed (one sample per ciphertext,
+    rotations; see :class:`CkksLayout`)."""
 
     poly_modulus_degree: int | None = None
     scale_bits: int = 40
@@ -94,10 +98,21 @@ class CkksParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layout", CkksLayout(self.layout))
-        if self.poly_modulus_degree is not None and self.poly_modulus_degree not in (4096, 8192, 16384, 32768):
-            raise ValueError(f"poly_modulus_degree must be 4096, 8192, 16384 or 32768, got {self.poly_modulus_degree}")
+        if self.poly_modulus_degree is not None and self.poly_modulus_degree not in (
+            4096,
+            8192,
+            16384,
+            32768,
+        ):
+            raise ValueError(
+                "poly_modulus_degree must be 4096, 8192, 16384 or 32768, got "
+                f"{self.poly_modulus_degree}"
+            )
         if not 20 <= self.scale_bits <= self.outer_bits <= 60:
-            raise ValueError(f"need 20 <= scale_bits <= outer_bits <= 60, got {self.scale_bits}, {self.outer_bits}")
+            raise ValueError(
+                f"need 20 <= scale_bits <= outer_bits <= 60, got {self.scale_bits}, "
+                f"{self.outer_bits}"
+            )
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError("batch_size must be >= 1")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 def format_report(rep: dict) -> str:
-    """``CompiledModel.report()`` as aligned rows, then the per-stage table (TFHE) or levels (CKKS)."""
+    """``CompiledModel.report()`` as aligned rows, then the per-stage table (TFHE) or levels
+    (CKKS)."""
     return format_tfhe_report(rep) if rep["scheme"] == "tfhe" else format_ckks_report(rep)
 
 
@@ -14,52 +15,83 @@ def _rows(rows: list[tuple[str, object]]) -> list[str]:
 
 
 def format_tfhe_report(rep: dict) -> str:
-    rows = [("scheme", rep["scheme"]), ("seq_len", rep["seq_len"]), ("n_bits", rep["n_bits"]),
-            ("PBS", rep["pbs_count"]), ("max bit width", rep["max_bit_width"]),
-            ("rounding", "exact" if rep["exact_rounding"] else "approximate"),
-            ("ranges", ranges_line(rep))]
+    rows = [
+        ("scheme", rep["scheme"]),
+        ("seq_len", rep["seq_len"]),
+        ("n_bits", rep["n_bits"]),
+        ("PBS", rep["pbs_count"]),
+        ("max bit width", rep["max_bit_width"]),
+        ("rounding", "exact" if rep["exact_rounding"] else "approximate"),
+        ("ranges", ranges_line(rep)),
+    ]
     rows += [(f"params.{k}", v) for k, v in rep["params"].items()]
     rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
-    rows += [(f"time.{k} (s)", "—" if v is None else f"{v:.3f}") for k, v in rep["timings_s"].items()]
+    rows += [
+        (f"time.{k} (s)", "—" if v is None else f"{v:.3f}") for k, v in rep["timings_s"].items()
+    ]
     rows += [("est. latency (s)", f"{rep['estimated_latency_s']:.1f}")]
     lines = _rows(rows)
-    lines += ["", "  | stage | PBS | lookup input bits | max width | parameter sets (PBS each) | est. time share |",
-              "  |---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "  | stage | PBS | lookup input bits | max width | parameter sets (PBS each) | est. time "
+        "share |",
+        "  |---|---|---|---|---|---|",
+    ]
     for r in rep["stages"]:
         params = "; ".join(f"{p}: {n}" for p, n in r["params"].items()) or "—"
-        lines.append(f"  | {r['tag']} | {r['pbs']} | {r['lookup_input_bits'] or '—'} | {r['bit_width']} | {params} | "
-                     f"{100 * r['est_time_share']:.1f}% |")
+        lines.append(
+            f"  | {r['tag']} | {r['pbs']} | {r['lookup_input_bits'] or '—'} | {r['bit_width']} | "
+            f"{params} | {100 * r['est_time_share']:.1f}% |"
+        )
     return "\n".join(lines)
 
 
 def ranges_line(rep: dict) -> str:
-    """How the TFHE bit widths were fixed, and what that means for inputs unlike the calibration set."""
+    """How the TFHE bit widths were fixed, and what that means for inputs unlike the calibration
+    set."""
     if rep["ranges"] == "proven":
         return "proven (no accepted input can overflow)"
     risks = rep["overflow_risks"]
     if not risks:
         return "calibrated (proven safe for every accepted input)"
-    return (f"calibrated: {len(risks)} node(s) can overflow on inputs unlike the calibration set (e.g. "
-            f"{risks[0]['node']}: {risks[0]['calibrated_bits']} -> {risks[0]['proven_bits']} bits); the client "
-            "refuses such inputs; --ranges proven rules them out")
+    return (
+        f"calibrated: {len(risks)} node(s) can overflow on inputs unlike the calibration set (e.g. "
+        f"{risks[0]['node']}: {risks[0]['calibrated_bits']} -> {risks[0]['proven_bits']} bits); "
+        "the client refuses such inputs; --ranges proven rules them out"
+    )
 
 
 def format_ckks_report(rep: dict) -> str:
-    rows = [("scheme", rep["scheme"]), ("layout", rep["layout"]), ("seq_len", rep["seq_len"]),
-            ("depth", rep["depth"]), ("poly_modulus_degree", rep["poly_modulus_degree"]),
-            ("coeff_mod_bit_sizes", rep["coeff_mod_bit_sizes"]), ("scale_bits", rep["scale_bits"]),
-            ("security_bits", rep["security_bits"]), ("slots (samples per ciphertext)", rep["slots"]),
-            ("client-assisted refresh", rep["client_assisted_refresh"]),
-            ("program depth without refresh", rep["program_depth_without_refresh"])]
+    rows = [
+        ("scheme", rep["scheme"]),
+        ("layout", rep["layout"]),
+        ("seq_len", rep["seq_len"]),
+        ("depth", rep["depth"]),
+        ("poly_modulus_degree", rep["poly_modulus_degree"]),
+        ("coeff_mod_bit_sizes", rep["coeff_mod_bit_sizes"]),
+        ("scale_bits", rep["scale_bits"]),
+        ("security_bits", rep["security_bits"]),
+        ("slots (samples per ciphertext)", rep["slots"]),
+        ("client-assisted refresh", rep["client_assisted_refresh"]),
+        ("program depth without refresh", rep["program_depth_without_refresh"]),
+    ]
     if rep["layout"] == "packed":
         rows += [("rotation steps (one Galois key each)", len(rep["rotation_steps"]))]
     rows += [(f"ops.{k}", v) for k, v in rep["op_counts"].items()]
     rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
     rows += [(f"time.{k} (s)", f"{v:.3f}") for k, v in rep["timings_s"].items()]
     lines = _rows(rows)
-    lines.append("  level after each stage: " + ", ".join(f"{t} {d}" for t, d in rep["depth_per_tag"].items()))
+    lines.append(
+        "  level after each stage: "
+        + ", ".join(f"{t} {d}" for t, d in rep["depth_per_tag"].items())
+    )
     for name, op in rep["approximations"].items():
-        detail = (f"{op['iterations']} iterations" if "iterations" in op else
-                  f"degree {op['degree']}, max error {op['max_error']:.3g}")
-        lines.append(f"  {name}: calibrated [{op['calibrated'][0]:.4g}, {op['calibrated'][1]:.4g}], {detail}")
+        detail = (
+            f"{op['iterations']} iterations"
+            if "iterations" in op
+            else f"degree {op['degree']}, max error {op['max_error']:.3g}"
+        )
+        lines.append(
+            f"  {name}: calibrated [{op['calibrated'][0]:.4g}, {op['calibrated'][1]:.4g}], {detail}"
+        )
     return "\n".join(lines)

@@ -1,14 +1,15 @@
 """TFHE defaults, the per-stage cost table, and the pre-flight check before keygen.
 
-The default quantization keeps every programmable bootstrap (PBS) small (benchmarks/results/tfhe_model.md):
-activations at 6 bits; Q/K/V at 3 bits, so every T²-sized attention lookup reads 4 bits and Concrete puts
-those lookups (half of the digits model's large PBS) on a cheaper parameter set (N = 2048 instead of
-4096: the digits model from ~32 s to ~21 s per sample); weights and inputs at 4 bits (weights widen the
-accumulators, and each accumulator bit above the lookup width costs one small rounding PBS); every lookup
-input rounded to at most 5 bits (a 6-bit lookup anywhere adds a parameter set with N = 8192: keys over
-1.4 GB); percentile ranges. Accuracy of each choice over 5 QAT seeds is in the README. A model trained
-with ``fhe train --qat-bits`` records the configuration it was trained for, and compiling it uses that
-record unless an option overrides it.
+The default quantization keeps every programmable bootstrap (PBS) small
+(benchmarks/results/tfhe_model.md): activations at 6 bits; Q/K/V at 3 bits, so every T²-sized
+attention lookup reads 4 bits and Concrete puts those lookups (half of the digits model's large PBS)
+on a cheaper parameter set (N = 2048 instead of 4096: the digits model from ~32 s to ~21 s per
+sample); weights and inputs at 4 bits (weights widen the accumulators, and each accumulator bit
+above the lookup width costs one small rounding PBS); every lookup input rounded to at most 5 bits
+(a 6-bit lookup anywhere adds a parameter set with N = 8192: keys over 1.4 GB); percentile ranges.
+Accuracy of each choice over 5 QAT seeds is in the README. A model trained with ``fhe train
+--qat-bits`` records the configuration it was trained for, and compiling it uses that record unless
+an option overrides it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from fhe.errors import FheError
 from quant import QuantConfig
 from quant.ir import value_bits
 
-DEFAULT_QUANT = QuantConfig(n_bits=6, weight_bits=4, input_bits=4, attention_bits=3, lut_bits=5,
-                            range_mode="percentile")
+DEFAULT_QUANT = QuantConfig(
+    n_bits=6, weight_bits=4, input_bits=4, attention_bits=3, lut_bits=5, range_mode="percentile"
+)
 
-# Seconds of encrypted run per unit of Concrete's circuit complexity, measured on this project's 2-core
-# machine (concrete-python 2.11, loop parallelism on): 5.4e-11 to 6.4e-11 over five whole models from
+# Seconds of encrypted run per unit of Concrete's circuit complexity, measured on this project's
+# 2-core
+# machine (concrete-python 2.11, loop parallelism on): 5.4e-11 to 6.4e-11 over five whole models
+# from
 # 0.5e12 to 1.9e12 (benchmarks/results/tfhe_model.md). An estimate for planning, not a promise.
 SECONDS_PER_COMPLEXITY = 6.0e-11
 KEYGEN_MEMORY_FACTOR = 2.0  # keygen holds the keys and their serialisation at once
@@ -81,10 +85,16 @@ def stage_table(circuit, graph) -> list[dict]:
     rows = []
     for tag in sorted({n.tag for n in graph.nodes.values() if n.tag and n.op != "input"}):
         counts = per_tag.get(tag, {})
-        rows.append({"tag": tag, "pbs": int(sum(counts.values())), "lookup_input_bits": lut_bits.get(tag),
-                     "bit_width": int(circuit.graph.maximum_integer_bit_width(tag_filter=tag)),
-                     "params": {_param_label(p): int(n) for p, n in counts.items()},
-                     "cost": sum(pbs_cost(p) * n for p, n in counts.items())})
+        rows.append(
+            {
+                "tag": tag,
+                "pbs": int(sum(counts.values())),
+                "lookup_input_bits": lut_bits.get(tag),
+                "bit_width": int(circuit.graph.maximum_integer_bit_width(tag_filter=tag)),
+                "params": {_param_label(p): int(n) for p, n in counts.items()},
+                "cost": sum(pbs_cost(p) * n for p, n in counts.items()),
+            }
+        )
     total = sum(r["cost"] for r in rows) or 1.0
     for r in rows:
         r["est_time_share"] = round(r.pop("cost") / total, 4)
@@ -114,8 +124,11 @@ class Preflight:
         return int(self.evaluation_key_bytes * KEYGEN_MEMORY_FACTOR)
 
     def describe(self) -> str:
-        return (f"expected evaluation keys {self.evaluation_key_bytes / 2**20:.0f} MiB, estimated encrypted "
-                f"latency {self.estimated_latency_s:.1f} s per sample on 2 cores (from the circuit's complexity)")
+        return (
+            f"expected evaluation keys {self.evaluation_key_bytes / 2**20:.0f} MiB, estimated "
+            f"encrypted latency {self.estimated_latency_s:.1f} s per sample on 2 cores (from the "
+            "circuit's complexity)"
+        )
 
     def check(self) -> None:
         """Raises :class:`KeysTooLargeError` with the fixes when keygen would not fit in memory."""
@@ -123,9 +136,11 @@ class Preflight:
             raise KeysTooLargeError(
                 f"keygen needs about {self.keygen_memory_bytes / 2**30:.1f} GiB "
                 f"({self.evaluation_key_bytes / 2**30:.1f} GiB of evaluation keys) but only "
-                f"{self.available_memory_bytes / 2**30:.1f} GiB is available. Make the lookups smaller: "
-                "--lut-bits 5 (or lower), --attention-bits 4, --weight-bits 4, fewer tokens (--patch when "
-                "training), or a smaller --d-model; `--no-run` still prints the cost report.")
+                f"{self.available_memory_bytes / 2**30:.1f} GiB is available. Make the lookups "
+                "smaller: --lut-bits 5 (or lower), --attention-bits 4, --weight-bits 4, fewer "
+                "tokens (--patch when training), or a smaller --d-model; `--no-run` still prints "
+                "the cost report."
+            )
 
 
 def estimated_latency_s(circuit) -> float:

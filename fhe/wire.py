@@ -1,8 +1,9 @@
 """The bytes that travel between client and server: no pickle, a length-prefixed list of blobs.
 
-A payload is ``MAGIC`` then a 4-byte count then, per item, an 8-byte length and the item's bytes (each
-item is a library's own serialisation: a Concrete ``fhe.Value`` or a TenSEAL CKKS vector). Anything
-else (truncated, trailing bytes, absurd lengths) is a :class:`PayloadError` that says what is wrong.
+A payload is ``MAGIC`` then a 4-byte count then, per item, an 8-byte length and the item's bytes
+(each item is a library's own serialisation: a Concrete ``fhe.Value`` or a TenSEAL CKKS vector).
+Anything else (truncated, trailing bytes, absurd lengths) is a :class:`PayloadError` that says what
+is wrong.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def pack(items: list[bytes]) -> bytes:
 def unpack(payload: bytes) -> list[bytes]:
     view = memoryview(payload)
     if bytes(view[: len(MAGIC)]) != MAGIC:
-        raise PayloadError("not an fhe-attention payload (bad magic bytes): send what fhe.deploy.Client encrypts")
+        raise PayloadError(
+            "not an fhe-attention payload (bad magic bytes): send what fhe.deploy.Client encrypts"
+        )
     pos = len(MAGIC)
     if len(view) < pos + 4:
         raise PayloadError("truncated payload: no item count")
@@ -44,8 +47,10 @@ def unpack(payload: bytes) -> list[bytes]:
         (size,) = struct.unpack_from(">Q", view, pos)
         pos += 8
         if len(view) < pos + size:
-            raise PayloadError(f"truncated payload: item {i} of {count} announces {size} bytes, "
-                               f"{len(view) - pos} remain")
+            raise PayloadError(
+                f"truncated payload: item {i} of {count} announces {size} bytes, "
+                f"{len(view) - pos} remain"
+            )
         items.append(bytes(view[pos : pos + size]))
         pos += size
     if pos != len(view):

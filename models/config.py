@@ -21,7 +21,8 @@ class AttentionKind(str, Enum):
 
 class NormKind(str, Enum):
     LAYERNORM = "layernorm"
-    BATCHNORM = "batchnorm"  # per-feature affine at inference: folded into the next linear layer, free under FHE
+    # per-feature affine at inference: folded into the next linear layer, free under FHE
+    BATCHNORM = "batchnorm"
     NONE = "none"
 
 
@@ -31,7 +32,8 @@ class Activation(str, Enum):
 
 
 class InputKind(str, Enum):
-    """How a sample enters the model: token ids (embedding table) or feature vectors per position."""
+    """How a sample enters the model: token ids (embedding table) or feature vectors per
+    position."""
 
     TOKENS = "tokens"
     PATCHES = "patches"
@@ -41,11 +43,11 @@ class InputKind(str, Enum):
 class TransformerConfig:
     """Everything needed to rebuild a model; stored in ``model.pt``.
 
-    ``in_features`` is the vocabulary size for token inputs, the feature count per position otherwise.
-    Attention-specific knobs: ``inhibitor_alpha`` (shift α; the paper uses 0.5) and ``inhibitor_gamma``
-    (γ; ``None`` means √d_head as in the paper), ``power_p`` / ``power_eps`` (PowerSoftmax p and ε),
-    ``power_form`` (``stable``: train with Eqs. 5-6, infer with Eq. 7; ``length-agnostic``: Eq. 7 with ε in
-    training and inference, the polynomial model's form),
+    ``in_features`` is the vocabulary size for token inputs, the feature count per position
+    otherwise. Attention-specific knobs: ``inhibitor_alpha`` (shift α; the paper uses 0.5) and
+    ``inhibitor_gamma`` (γ; ``None`` means √d_head as in the paper), ``power_p`` / ``power_eps``
+    (PowerSoftmax p and ε), ``power_form`` (``stable``: train with Eqs. 5-6, infer with Eq. 7;
+    ``length-agnostic``: Eq. 7 with ε in training and inference, the polynomial model's form),
     ``dct_n_bar`` (kept DCT coefficients), ``dct_ideal`` (Algorithm 2, evaluation only).
     """
 
@@ -79,15 +81,21 @@ class TransformerConfig:
             object.__setattr__(self, name, enum(getattr(self, name)))
         for name in ("seq_len", "in_features", "n_outputs", "d_model", "n_heads", "n_layers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"TransformerConfig.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(
+                    f"TransformerConfig.{name} must be >= 1, got {getattr(self, name)}"
+                )
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.power_p <= 0 or self.power_p % 2:
             raise ValueError(f"power_p must be a positive even integer, got {self.power_p}")
         if self.power_form not in ("stable", "length-agnostic"):
-            raise ValueError(f"power_form must be 'stable' or 'length-agnostic', got {self.power_form!r}")
+            raise ValueError(
+                f"power_form must be 'stable' or 'length-agnostic', got {self.power_form!r}"
+            )
         if self.dct_n_bar is not None and not 0 < self.dct_n_bar <= self.seq_len:
-            raise ValueError(f"dct_n_bar must be in [1, seq_len={self.seq_len}], got {self.dct_n_bar}")
+            raise ValueError(
+                f"dct_n_bar must be in [1, seq_len={self.seq_len}], got {self.dct_n_bar}"
+            )
 
     @property
     def d_head(self) -> int:

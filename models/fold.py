@@ -1,9 +1,9 @@
 """Fold inference-time affine norms into the linear layers that read them.
 
 A :class:`~models.layers.TokenBatchNorm` at inference is y = x·a + b per feature, so a linear layer
-reading it computes (x·a + b)Wᵀ + c = x(W·diag(a))ᵀ + (Wb + c): the norm disappears into the weights.
-Mean pooling is linear, so the final norm folds into the head. The folded model has ``norm=none`` and
-the same outputs (to float rounding); both FHE backends compile the folded model.
+reading it computes (x·a + b)Wᵀ + c = x(W·diag(a))ᵀ + (Wb + c): the norm disappears into the
+weights. Mean pooling is linear, so the final norm folds into the head. The folded model has
+``norm=none`` and the same outputs (to float rounding); both FHE backends compile the folded model.
 """
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ def _fold_into(norm: TokenBatchNorm, linears: list[nn.Linear]) -> None:
     a, b = (t.detach().double() for t in norm.inference_affine())
     for lin in linears:
         w = lin.weight.detach().double().clone()  # a copy: the weight is overwritten below
-        bias = lin.bias.detach().double() if lin.bias is not None else torch.zeros(w.shape[0], dtype=torch.float64)
+        bias = (
+            lin.bias.detach().double()
+            if lin.bias is not None
+            else torch.zeros(w.shape[0], dtype=torch.float64)
+        )
         lin.weight.data.copy_(w * a[None, :])
         if lin.bias is None:
             lin.bias = nn.Parameter(torch.zeros(w.shape[0]))
@@ -30,8 +34,8 @@ def _fold_into(norm: TokenBatchNorm, linears: list[nn.Linear]) -> None:
 
 
 def fold_norms(model: Transformer) -> Transformer:
-    """A copy of ``model`` with every BatchNorm folded into its readers (``norm=none``); other models
-    are returned unchanged."""
+    """A copy of ``model`` with every BatchNorm folded into its readers (``norm=none``); other
+    models are returned unchanged."""
     if model.config.norm is not NormKind.BATCHNORM:
         return model
     model = copy.deepcopy(model).eval()

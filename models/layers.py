@@ -9,11 +9,12 @@ from models.config import Activation, NormKind, TransformerConfig
 
 
 class TokenBatchNorm(nn.BatchNorm1d):
-    """BatchNorm over the feature axis of (B, T, C) activations, statistics pooled over batch and tokens.
+    """BatchNorm over the feature axis of (B, T, C) activations, statistics pooled over batch and
+    tokens.
 
     At inference it is the per-feature affine map x·a + b (:meth:`inference_affine`), which
-    :func:`models.fold.fold_norms` merges into the linear layers that read it: normalisation that costs
-    nothing under encryption (no encrypted 1/√variance, unlike LayerNorm)."""
+    :func:`models.fold.fold_norms` merges into the linear layers that read it: normalisation that
+    costs nothing under encryption (no encrypted 1/√variance, unlike LayerNorm)."""
 
     def forward(self, x: Tensor) -> Tensor:
         return super().forward(x.transpose(1, 2)).transpose(1, 2)
@@ -53,5 +54,7 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         u = self.fc1(x)
         if self.track_range:
-            self.last_range = (u.abs().flatten(1).amax(dim=1) - self.range_threshold).clamp_min(0).mean()
+            self.last_range = (
+                (u.abs().flatten(1).amax(dim=1) - self.range_threshold).clamp_min(0).mean()
+            )
         return self.drop(self.fc2(self.act(u)))

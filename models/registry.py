@@ -1,8 +1,9 @@
-"""One registry shape for everything keyed by attention kind: the attention modules (models/attention),
-their integer lowerings (quant/mixers) and their polynomial lowerings (fhe/ckks/mixers). The registry
-stores, refuses a second registration of a kind, answers a missing kind with the one error shape of
-every gap ("no lowering registered for <kind> under <where>", :meth:`KindRegistry.require`, each owner
-naming its own error class and fix), and imports a package's modules so their decorators run."""
+"""One registry shape for everything keyed by attention kind: the attention modules
+(models/attention), their integer lowerings (quant/mixers) and their polynomial lowerings
+(fhe/ckks/mixers). The registry stores, refuses a second registration of a kind, answers a missing
+kind with the one error shape of every gap ("no lowering registered for <kind> under <where>",
+:meth:`KindRegistry.require`, each owner naming its own error class and fix), and imports a
+package's modules so their decorators run."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ T = TypeVar("T")
 
 
 class KindRegistry(Generic[T]):
-    """Entries keyed by a str-Enum: :class:`AttentionKind` unless ``key`` names another (the per-T circuit
-    study's ``Variant``)."""
+    """Entries keyed by a str-Enum: :class:`AttentionKind` unless ``key`` names another (the per-T
+    circuit study's ``Variant``)."""
 
     def __init__(self, what: str, key: type[Enum] = AttentionKind) -> None:
         self.what = what  # e.g. "attention module", for the double-registration error
@@ -39,12 +40,18 @@ class KindRegistry(Generic[T]):
     def get(self, kind: AttentionKind | str) -> T | None:
         return self.entries.get(self.key(kind))
 
-    def require(self, kind: AttentionKind | str, error: type[Exception], where: str, fix: str = "") -> T:
-        """The entry for ``kind``, else ``error("no lowering registered for <kind> under <where>[: fix]")``."""
+    def require(
+        self, kind: AttentionKind | str, error: type[Exception], where: str, fix: str = ""
+    ) -> T:
+        """The entry for ``kind``, else ``error("no lowering registered for <kind> under <where>[:
+        fix]")``."""
         kind = self.key(kind)
         entry = self.entries.get(kind)
         if entry is None:
-            raise error(f"no lowering registered for {kind.value} under {where}" + (f": {fix}" if fix else ""))
+            raise error(
+                f"no lowering registered for {kind.value} under {where}"
+                + (f": {fix}" if fix else "")
+            )
         return entry
 
     def kinds(self) -> list[AttentionKind]:

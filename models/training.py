@@ -21,7 +21,9 @@ from models.config import TransformerConfig
 from models.tasks import Metric, TaskData, score
 from models.transformer import Transformer
 
-CHECKPOINT_VERSION = 2  # 1: torch.save pickle (still read, with weights_only=True); 2: safetensors + JSON
+CHECKPOINT_VERSION = (
+    2  # 1: torch.save pickle (still read, with weights_only=True); 2: safetensors + JSON
+)
 CHECKPOINT_FORMAT = "fhe-attention-model"
 
 
@@ -34,7 +36,9 @@ class TrainConfig:
     seed: int = 0
     range_loss_weight: float = 0.0  # PowerSoftmax paper Eq. (9); 0 disables
     act_range_loss_weight: float = 0.0  # max |activation input| (Alg. 1 step 2); 0 disables
-    range_threshold: float = 0.0  # hinge: penalise max |score| only beyond this (0: Eq. 9 as printed)
+    range_threshold: float = (
+        0.0  # hinge: penalise max |score| only beyond this (0: Eq. 9 as printed)
+    )
     act_range_threshold: float = 0.0
     grad_clip: float = 1.0
 
@@ -59,8 +63,13 @@ def seed_everything(seed: int) -> None:
 
 def config_for_task(task: TaskData, **overrides) -> TransformerConfig:
     """A TransformerConfig whose input/output sizes match ``task``."""
-    return TransformerConfig(seq_len=task.seq_len, in_features=task.in_features, n_outputs=task.n_outputs,
-                             input_kind=task.input_kind, **overrides)
+    return TransformerConfig(
+        seq_len=task.seq_len,
+        in_features=task.in_features,
+        n_outputs=task.n_outputs,
+        input_kind=task.input_kind,
+        **overrides,
+    )
 
 
 @torch.no_grad()
@@ -73,25 +82,39 @@ def evaluate(model: nn.Module, task: TaskData) -> float:
     return score(task.metric, predict(model, task.x_test), task.y_test)
 
 
-def train(model_config: TransformerConfig, task: TaskData, train_config: TrainConfig = TrainConfig(),
-          progress: bool = True, model: Transformer | None = None) -> TrainResult:
+def train(
+    model_config: TransformerConfig,
+    task: TaskData,
+    train_config: TrainConfig = TrainConfig(),
+    progress: bool = True,
+    model: Transformer | None = None,
+) -> TrainResult:
     """AdamW with a cosine learning-rate schedule; adds the PowerSoftmax range loss when asked.
 
     Pass ``model`` to fine-tune an existing network instead of building a fresh one.
     """
     seed_everything(train_config.seed)
     model = model if model is not None else Transformer(model_config)
-    opt = torch.optim.AdamW(model.parameters(), lr=train_config.lr, weight_decay=train_config.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=train_config.lr, weight_decay=train_config.weight_decay
+    )
     n = len(task.x_train)
     steps = max(1, train_config.epochs * math.ceil(n / train_config.batch_size))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
     loss_fn = task.loss_fn()
     use_range = train_config.range_loss_weight > 0 or train_config.act_range_loss_weight > 0
     thresholds = (train_config.range_threshold, train_config.act_range_threshold)
     set_range_tracking(model, use_range, *thresholds)
     history: list[dict] = []
-    bar = tqdm(total=steps, desc=f"train {task.name}/{model_config.attention.value}", disable=not progress,
-               leave=False, unit="step")
+    bar = tqdm(
+        total=steps,
+        desc=f"train {task.name}/{model_config.attention.value}",
+        disable=not progress,
+        leave=False,
+        unit="step",
+    )
     g = torch.Generator().manual_seed(train_config.seed)
     for epoch in range(train_config.epochs):
         model.train()
@@ -102,8 +125,11 @@ def train(model_config: TransformerConfig, task: TaskData, train_config: TrainCo
             out = model(task.x_train[idx])
             loss = loss_fn(out, task.y_train[idx])
             if use_range:
-                loss = (loss + train_config.range_loss_weight * range_loss(model)
-                        + train_config.act_range_loss_weight * activation_range_loss(model))
+                loss = (
+                    loss
+                    + train_config.range_loss_weight * range_loss(model)
+                    + train_config.act_range_loss_weight * activation_range_loss(model)
+                )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
@@ -115,7 +141,9 @@ def train(model_config: TransformerConfig, task: TaskData, train_config: TrainCo
         set_range_tracking(model, False)
         test = evaluate(model, task)
         set_range_tracking(model, use_range, *thresholds)
-        history.append({"epoch": epoch + 1, "train_loss": total / n, f"test_{task.metric.value}": test})
+        history.append(
+            {"epoch": epoch + 1, "train_loss": total / n, f"test_{task.metric.value}": test}
+        )
     bar.close()
     set_range_tracking(model, False)
     return TrainResult(model, evaluate(model, task), task.metric, history)
@@ -124,14 +152,25 @@ def train(model_config: TransformerConfig, task: TaskData, train_config: TrainCo
 # --------------------------------------------------------------------------------------------------
 # Checkpoints
 # --------------------------------------------------------------------------------------------------
-def save_checkpoint(path: str | Path, model: Transformer, task: TaskData | None = None, **extra) -> None:
-    """``model.pt``: weights as safetensors, with the config, the task record (what is needed to rebuild
-    its inputs) and ``extra`` as JSON in the file's metadata. No pickle: loading a model file never
-    runs code. Written to a temporary file and renamed, so an interrupted save leaves no half file."""
-    task_record = None if task is None else {"name": task.name, "metric": task.metric.value, "meta": task.meta}
-    metadata = {"format": CHECKPOINT_FORMAT, "version": str(CHECKPOINT_VERSION),
-                "config": json.dumps(model.config.to_dict()), "task": json.dumps(task_record),
-                "extra": json.dumps(extra, default=_jsonable)}
+def save_checkpoint(
+    path: str | Path, model: Transformer, task: TaskData | None = None, **extra
+) -> None:
+    """``model.pt``: weights as safetensors, with the config, the task record (what is needed to
+    rebuild its inputs) and ``extra`` as JSON in the file's metadata. No pickle: loading a model
+    file never runs code. Written to a temporary file and renamed, so an interrupted save leaves no
+    half file."""
+    task_record = (
+        None
+        if task is None
+        else {"name": task.name, "metric": task.metric.value, "meta": task.meta}
+    )
+    metadata = {
+        "format": CHECKPOINT_FORMAT,
+        "version": str(CHECKPOINT_VERSION),
+        "config": json.dumps(model.config.to_dict()),
+        "task": json.dumps(task_record),
+        "extra": json.dumps(extra, default=_jsonable),
+    }
     tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,29 +198,37 @@ class Checkpoint:
 
 
 def _read_payload(path: Path) -> dict:
-    """The checkpoint's parts from a safetensors model file, or from a legacy ``torch.save`` file read
-    with ``weights_only=True`` (tensors and plain containers only: no code runs)."""
+    """The checkpoint's parts from a safetensors model file, or from a legacy ``torch.save`` file
+    read with ``weights_only=True`` (tensors and plain containers only: no code runs)."""
     with path.open("rb") as fh:
         head = fh.read(4)
     if head[:2] == b"PK":  # a zip archive: the pickle-based format of version 1
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 - a refused global or a corrupt file
-            raise ValueError(f"{path} is a torch.save file that holds more than tensors and plain containers; it "
-                             f"is not loaded, because unpickling it could run code ({type(exc).__name__})") from exc
+            raise ValueError(
+                f"{path} is a torch.save file that holds more than tensors and plain containers; "
+                f"it is not loaded, because unpickling it could run code ({type(exc).__name__})"
+            ) from exc
     with safe_open(str(path), framework="pt") as fh:
         metadata = fh.metadata() or {}
         if metadata.get("format") != CHECKPOINT_FORMAT:
             raise ValueError("no fhe-attention metadata")
         state = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has keys(), not __iter__
-    return {"config": json.loads(metadata["config"]), "state_dict": state, "task": json.loads(metadata["task"]),
-            "extra": json.loads(metadata["extra"])}
+    return {
+        "config": json.loads(metadata["config"]),
+        "state_dict": state,
+        "task": json.loads(metadata["task"]),
+        "extra": json.loads(metadata["extra"]),
+    }
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"model file not found: {path} (train one with `fhe train ... -o {path}`)")
+        raise FileNotFoundError(
+            f"model file not found: {path} (train one with `fhe train ... -o {path}`)"
+        )
     try:
         payload = _read_payload(path)
     except Exception as exc:  # noqa: BLE001 - any parse failure means "not our format"

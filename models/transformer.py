@@ -11,7 +11,8 @@ from models.layers import FeedForward, make_norm
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + mix(norm(x)), then x + FFN(norm(x)) (no FFN for GEGLU-only, Eqs. 12-14)."""
+    """Pre-norm block: x + mix(norm(x)), then x + FFN(norm(x)) (no FFN for GEGLU-only, Eqs.
+    12-14)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -50,7 +51,9 @@ class Transformer(nn.Module):
         """Encoder output before pooling, (B, T, C)."""
         T = x.shape[1]
         if self.config.seq_len < T:
-            raise ValueError(f"input has {T} positions but the model was built for seq_len={self.config.seq_len}")
+            raise ValueError(
+                f"input has {T} positions but the model was built for seq_len={self.config.seq_len}"
+            )
         h = self.embed(x) + self.pos[:T]  # (B, T, C)
         for block in self.blocks:
             h = block(h)

@@ -9,11 +9,14 @@ from enum import Enum
 
 from models.config import dataclass_from_dict
 
-# calibration samples (from the training split) for PTQ, QAT through the program and `fhe compile`: the
-# same set everywhere, so the program compiled from a QAT model is the program it was trained through
+# calibration samples (from the training split) for PTQ, QAT through the program and `fhe compile`:
+# the
+# same set everywhere, so the program compiled from a QAT model is the program it was trained
+# through
 DEFAULT_CALIB_SAMPLES = 2000
 
-# the requantisation points that feed attention: Q, K (shared for the Inhibitor) and V of every block
+# the requantisation points that feed attention: Q, K (shared for the Inhibitor) and V of every
+# block
 ATTENTION_POINT = re.compile(r"^block\d+\.mix\.(q|k|v|qk)(\.out)?$")
 
 
@@ -33,16 +36,15 @@ class QuantConfig:
 
     ``n_bits``: activations at every requantisation point; ``weight_bits`` (default ``n_bits``): the
     clear weights; ``input_bits`` (default ``n_bits``): the client's encrypted input.
-    ``symmetric``: signed activations with zero-point 0; otherwise asymmetric (zero-points folded into
-    biases, so the integer program itself never carries a zero-point).
-    ``rounding_bits``: least-significant bits each table lookup rounds away before reading its table
-    (concrete's ``round_bit_pattern``); 0 disables.
-    ``lut_bits``: instead, round each lookup's input just enough that it reads at most this many bits
-    (chosen per lookup from its calibrated range; TFHE's PBS cost grows steeply with this width).
-    ``attention_bits`` (default ``n_bits``): the Q, K and V requantisations, which set the width of
-    every attention lookup (|q − k|, (v − z)⁺, ...): the T²-sized part of the circuit.
-    ``bits_overrides``: per-requantisation-point n_bits, keyed by point name prefix
-    (e.g. ``{"block0.attn": 8}``).
+    ``symmetric``: signed activations with zero-point 0; otherwise asymmetric (zero-points folded
+    into biases, so the integer program itself never carries a zero-point). ``rounding_bits``:
+    least-significant bits each table lookup rounds away before reading its table (concrete's
+    ``round_bit_pattern``); 0 disables. ``lut_bits``: instead, round each lookup's input just enough
+    that it reads at most this many bits (chosen per lookup from its calibrated range; TFHE's PBS
+    cost grows steeply with this width). ``attention_bits`` (default ``n_bits``): the Q, K and V
+    requantisations, which set the width of every attention lookup (|q − k|, (v − z)⁺, ...): the
+    T²-sized part of the circuit. ``bits_overrides``: per-requantisation-point n_bits, keyed by
+    point name prefix (e.g. ``{"block0.attn": 8}``).
     """
 
     n_bits: int = 6
@@ -63,7 +65,9 @@ class QuantConfig:
         if isinstance(self.bits_overrides, dict):
             object.__setattr__(self, "bits_overrides", tuple(sorted(self.bits_overrides.items())))
         if isinstance(self.bits_overrides, list):
-            object.__setattr__(self, "bits_overrides", tuple(tuple(kv) for kv in self.bits_overrides))
+            object.__setattr__(
+                self, "bits_overrides", tuple(tuple(kv) for kv in self.bits_overrides)
+            )
         for name in ("n_bits", "weight_bits", "input_bits", "attention_bits"):
             v = getattr(self, name)
             if v is not None and not 2 <= v <= 16:

@@ -43,8 +43,8 @@ class QuantizedProgram:
 
     # --------------------------------------------------------------------------------- client side
     def quantize_input(self, x: Tensor | np.ndarray) -> np.ndarray:
-        """Client-side quantization. Policy: inputs outside the calibrated range are clipped (saturated)
-        to it; :meth:`input_clip_count` counts how many entries that affected."""
+        """Client-side quantization. Policy: inputs outside the calibrated range are clipped
+        (saturated) to it; :meth:`input_clip_count` counts how many entries that affected."""
         return self.input_quantizer.quantize_np(np.asarray(x, dtype=np.float64))
 
     def input_clip_count(self, x: Tensor | np.ndarray) -> int:
@@ -55,19 +55,23 @@ class QuantizedProgram:
 
     # ---------------------------------------------------------------------------------- evaluation
     def run_int(self, x_int: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR):
-        """The clear integer program on quantized inputs: (integer outputs, clipped counts per node)."""
+        """The clear integer program on quantized inputs: (integer outputs, clipped counts per
+        node)."""
         x_int = np.asarray(x_int)
         if x_int.ndim == len(self.graph.input_shape):  # one sample
             return self.graph.run(x_int, policy)
         return self.graph.run_batched(x_int, policy)
 
-    def forward(self, x: Tensor | np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR) -> np.ndarray:
+    def forward(
+        self, x: Tensor | np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR
+    ) -> np.ndarray:
         """Float in, dequantized float out, through the integer program."""
         y, _ = self.run_int(self.quantize_input(x), policy)
         return self.dequantize_output(y)
 
     def fake_forward(self, x: Tensor, batch_size: int = 128) -> np.ndarray:
-        """The fake-quantized torch forward with the fitted quantizers (the integer program's twin)."""
+        """The fake-quantized torch forward with the fitted quantizers (the integer program's
+        twin)."""
         x = torch.as_tensor(x)
         outs = []
         for i in range(0, len(x), batch_size):
@@ -77,7 +81,9 @@ class QuantizedProgram:
         return np.concatenate(outs)
 
 
-def export(model: Transformer, calib_x: Tensor, config: QuantConfig | None = None) -> QuantizedProgram:
+def export(
+    model: Transformer, calib_x: Tensor, config: QuantConfig | None = None
+) -> QuantizedProgram:
     """Quantize ``model`` on calibration inputs ``calib_x`` (N, T, F) and calibrate the program."""
     config = config or QuantConfig()
     model = fold_norms(model.eval())  # BatchNorm: folded into the linear layers, free under TFHE
@@ -87,8 +93,15 @@ def export(model: Transformer, calib_x: Tensor, config: QuantConfig | None = Non
     low.graph.set_output(out.node)
     calib_int = low.quantizers["input"].quantize_np(np.asarray(calib_x, dtype=np.float64))
     low.graph.calibrate(calib_int)
-    return QuantizedProgram(low.graph, low.quantizers["input"], out.scale, low.fitted, config, model,
-                            calibration=low.ranges)
+    return QuantizedProgram(
+        low.graph,
+        low.quantizers["input"],
+        out.scale,
+        low.fitted,
+        config,
+        model,
+        calibration=low.ranges,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -97,12 +110,16 @@ def export(model: Transformer, calib_x: Tensor, config: QuantConfig | None = Non
 def check_exportable(model: Transformer) -> None:
     cfg = model.config
     if cfg.input_kind is InputKind.TOKENS:
-        raise ExportError("token-id inputs (embedding table lookups on encrypted ids) are not supported by the "
-                          "integer program yet; export a model with patch (feature-vector) inputs")
+        raise ExportError(
+            "token-id inputs (embedding table lookups on encrypted ids) are not supported by the "
+            "integer program yet; export a model with patch (feature-vector) inputs"
+        )
     if cfg.norm is NormKind.LAYERNORM:
-        raise ExportError("LayerNorm has no TFHE integer lowering (it divides by an encrypted square root of the "
-                          "variance). Retrain with `--norm batchnorm` (folded into the linear layers at export: "
-                          "free under encryption; the `fhe train` default) or `--norm none`.")
+        raise ExportError(
+            "LayerNorm has no TFHE integer lowering (it divides by an encrypted square root of the "
+            "variance). Retrain with `--norm batchnorm` (folded into the linear layers at export: "
+            "free under encryption; the `fhe train` default) or `--norm none`."
+        )
 
 
 def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
@@ -134,13 +151,15 @@ def lower_block(low: Lowering, block: Block, h: QValue, name: str, cfg) -> QValu
     return h
 
 
-def residual(low: Lowering, h: QValue, x: QValue, layer: torch.nn.Linear, name: str, tag: str) -> QValue:
+def residual(
+    low: Lowering, h: QValue, x: QValue, layer: torch.nn.Linear, name: str, tag: str
+) -> QValue:
     """h + layer(x), then requantized to n bits: one table lookup per element.
 
-    The branch's linear layer is quantized straight onto a refinement of h's grid: h is multiplied by a
-    clear integer m (leveled) and the layer's integer weights are round(W·s_x·m / s_h), with m chosen so
-    they span the weight bit width. The sum is then a plain integer addition, and the only lookup is the
-    requantisation of the sum (no separate lookup to bring the branch onto h's scale).
+    The branch's linear layer is quantized straight onto a refinement of h's grid: h is multiplied
+    by a clear integer m (leveled) and the layer's integer weights are round(W·s_x·m / s_h), with m
+    chosen so they span the weight bit width. The sum is then a plain integer addition, and the only
+    lookup is the requantisation of the sum (no separate lookup to bring the branch onto h's scale).
     """
     if isinstance(h.scale, np.ndarray) or isinstance(x.scale, np.ndarray):
         raise ValueError(f"{name}: the residual needs per-tensor scales")
@@ -154,8 +173,8 @@ def residual(low: Lowering, h: QValue, x: QValue, layer: torch.nn.Linear, name: 
 
 
 def lower_mixer(low: Lowering, mixer, h: QValue, name: str, cfg) -> tuple[QValue, torch.nn.Linear]:
-    """The token mixer up to its output projection: (its value, the projection layer), by the lowering
-    registered for the model's attention kind (quant/mixers/)."""
+    """The token mixer up to its output projection: (its value, the projection layer), by the
+    lowering registered for the model's attention kind (quant/mixers/)."""
     try:
         return mixer_lowering(cfg.attention)(low, mixer, h, name, cfg)
     except NoLoweringError as exc:

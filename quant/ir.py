@@ -1,15 +1,15 @@
 """The integer program: a small graph of integer operations, and its numpy interpreter.
 
 Every value is an integer array; after calibration every node also carries its integer range and
-signed bit width. The TFHE backend lowers this same graph to concrete-python; nothing here depends on
-an FHE library. Shapes exclude the batch axis; the interpreter accepts any leading batch axes, so all
-axis arguments are negative.
+signed bit width. The TFHE backend lowers this same graph to concrete-python; nothing here depends
+on an FHE library. Shapes exclude the batch axis; the interpreter accepts any leading batch axes, so
+all axis arguments are negative.
 
 Ops (``Node.op``): registered specs in :mod:`quant.ops` (semantics, TFHE cost, layout or not), where
 :func:`quant.ops.ops_table` renders them; the interpreter below reads them. A ``lut`` node may carry
-``rounding_bits`` r: its input is first rounded to a multiple of 2^r (concrete's ``round_bit_pattern``,
-ties away from zero upwards), so the table lookup runs on fewer bits; the interpreter applies exactly
-the same rounding.
+``rounding_bits`` r: its input is first rounded to a multiple of 2^r (concrete's
+``round_bit_pattern``, ties away from zero upwards), so the table lookup runs on fewer bits; the
+interpreter applies exactly the same rounding.
 """
 
 from __future__ import annotations
@@ -23,9 +23,16 @@ from quant.ops import OpSpec, free_ops, op_spec, round_bit_pattern  # noqa: F401
 
 LUT_BIT_LIMIT = 16  # concrete-python's table lookups take at most 16-bit inputs
 FREE_OPS = free_ops()  # layout only: no arithmetic
-# the program's one input: its attributes are declared like an op's (it has no semantics to evaluate)
-INPUT_SPEC = OpSpec("input", "the client's quantized integers", "encryption", lambda a, args: None,
-                    required=("shape",), optional=("dtype_bits", "signed"))
+# the program's one input: its attributes are declared like an op's (it has no semantics to
+# evaluate)
+INPUT_SPEC = OpSpec(
+    "input",
+    "the client's quantized integers",
+    "encryption",
+    lambda a, args: None,
+    required=("shape",),
+    optional=("dtype_bits", "signed"),
+)
 
 
 class OverflowPolicy(str, Enum):
@@ -60,7 +67,9 @@ def value_bits(lo: int, hi: int) -> int:
 
 def rounded_bits(lo: int, hi: int, lsbs: int) -> int:
     """Width of the values in [lo, hi] once rounded by ``lsbs`` bits (rounding up can add a bit)."""
-    return value_bits(int(round_bit_pattern(np.array(lo), lsbs)), int(round_bit_pattern(np.array(hi), lsbs)))
+    return value_bits(
+        int(round_bit_pattern(np.array(lo), lsbs)), int(round_bit_pattern(np.array(hi), lsbs))
+    )
 
 
 @dataclass
@@ -119,8 +128,12 @@ class Graph:
         self.output_name = name
 
     # ------------------------------------------------------------------------------- evaluation
-    def run(self, x: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR,
-            record: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, int]]:
+    def run(
+        self,
+        x: np.ndarray,
+        policy: OverflowPolicy = OverflowPolicy.ERROR,
+        record: dict[str, np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, dict[str, int]]:
         """Interprets the program on integer input ``x`` of shape (..., *input_shape).
 
         Once calibrated, a value outside its node's bit width is handled by ``policy``; returns the
@@ -140,7 +153,9 @@ class Graph:
         return env[self.output_name], clipped
 
     @staticmethod
-    def _check(node: Node, out: np.ndarray, policy: OverflowPolicy, clipped: dict[str, int]) -> np.ndarray:
+    def _check(
+        node: Node, out: np.ndarray, policy: OverflowPolicy, clipped: dict[str, int]
+    ) -> np.ndarray:
         bits = node.bits
         lo, hi = (0, 2**bits - 1) if node.lo >= 0 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         bad = (out < lo) | (out > hi)
@@ -149,9 +164,11 @@ class Graph:
             return out
         if policy is OverflowPolicy.ERROR:
             raise RangeOverflowError(
-                f"node {node.name!r} ({node.op}, tag {node.tag!r}) produced {n_bad} value(s) outside its "
-                f"calibrated {bits}-bit range [{lo}, {hi}] (seen [{out.min()}, {out.max()}]); under encryption "
-                "they would wrap around. Calibrate on more representative data, or use policy 'clip'.")
+                f"node {node.name!r} ({node.op}, tag {node.tag!r}) produced {n_bad} value(s) "
+                f"outside its calibrated {bits}-bit range [{lo}, {hi}] (seen [{out.min()}, "
+                f"{out.max()}]); under encryption they would wrap around. Calibrate on more "
+                "representative data, or use policy 'clip'."
+            )
         clipped[node.name] = clipped.get(node.name, 0) + n_bad
         return np.clip(out, lo, hi)
 
@@ -159,8 +176,8 @@ class Graph:
         """Sets every node's integer range from a run on calibration inputs ``x`` (in batches, so
         memory stays bounded by one batch of the largest intermediate).
 
-        A requantising lookup's range is widened to its quantizer's full output range, so values that
-        calibration did not show but the quantizer can produce never count as overflow."""
+        A requantising lookup's range is widened to its quantizer's full output range, so values
+        that calibration did not show but the quantizer can produce never count as overflow."""
         for node in self.nodes.values():
             node.lo = node.hi = None
         lo: dict[str, int] = {}
@@ -177,8 +194,9 @@ class Graph:
                 lo[name], hi[name] = min(lo[name], out_lo), max(hi[name], out_hi)
             node.lo, node.hi = lo[name], hi[name]
 
-    def run_batched(self, x: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR,
-                    batch_size: int = 128) -> tuple[np.ndarray, dict[str, int]]:
+    def run_batched(
+        self, x: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR, batch_size: int = 128
+    ) -> tuple[np.ndarray, dict[str, int]]:
         """:meth:`run` over batches of the leading axis, with clipped counts summed."""
         outs, clipped = [], {}
         for i in range(0, len(x), batch_size):
@@ -196,8 +214,9 @@ class Graph:
         return max((n.lut_input_bits(self) or 0) for n in self.nodes.values())
 
     def pbs_estimate(self) -> int:
-        """Programmable bootstraps the program needs, from each op's spec (quant.ops): 1 per LUT element
-        (2 when its input is rounded first: exact rounding costs one more), 2 per encrypted product."""
+        """Programmable bootstraps the program needs, from each op's spec (quant.ops): 1 per LUT
+        element (2 when its input is rounded first: exact rounding costs one more), 2 per encrypted
+        product."""
         return sum(op_spec(n.op).pbs_count(n.attrs) for n in self.nodes.values() if n.op != "input")
 
     def check_fits(self, limit: int = LUT_BIT_LIMIT) -> None:
@@ -207,9 +226,11 @@ class Graph:
             if bits is not None and bits > limit:
                 src = self.nodes[node.inputs[0]]
                 raise BitWidthError(
-                    f"table lookup {node.name!r} (tag {node.tag!r}) reads {bits}-bit input from {src.name!r} "
-                    f"(range [{src.lo}, {src.hi}]), above TFHE's {limit}-bit limit. Use fewer bits "
-                    f"(--n-bits), or round before the lookup (--rounding-bits {bits - limit} or more).")
+                    f"table lookup {node.name!r} (tag {node.tag!r}) reads {bits}-bit input from "
+                    f"{src.name!r} (range [{src.lo}, {src.hi}]), above TFHE's {limit}-bit limit. "
+                    "Use fewer bits (--n-bits), or round before the lookup (--rounding-bits "
+                    f"{bits - limit} or more)."
+                )
 
 
 def _evaluate(node: Node, args: list[np.ndarray], x: np.ndarray) -> np.ndarray:

@@ -6,12 +6,12 @@ on every rounding, clipped at each quantizer's range): training through it is qu
 training of the integer program itself (:mod:`quant.program_qat`), so the exported program computes
 exactly the forward that training saw.
 
-Every value is a :class:`QValue`: an integer graph node whose float meaning is ``int * scale`` (scale
-per tensor, or per channel on the last axis), together with the fake-quantized float64 tensor of the
-same value on the current batch. In *fit* mode each requantisation point fits its quantizer on the
-calibration batch (sequential calibration: ranges are those the quantized model really sees); in
-*apply* mode it reuses the fitted quantizers, so running it on held-out inputs gives the fake-quantized
-forward that the integer program must match.
+Every value is a :class:`QValue`: an integer graph node whose float meaning is ``int * scale``
+(scale per tensor, or per channel on the last axis), together with the fake-quantized float64 tensor
+of the same value on the current batch. In *fit* mode each requantisation point fits its quantizer
+on the calibration batch (sequential calibration: ranges are those the quantized model really sees);
+in *apply* mode it reuses the fitted quantizers, so running it on held-out inputs gives the
+fake-quantized forward that the integer program must match.
 """
 
 from __future__ import annotations
@@ -61,14 +61,23 @@ def _ste(exact: Tensor, smooth: Tensor) -> Tensor:
 
 
 def _scale_t(scale: Scale) -> Tensor | float:
-    return torch.from_numpy(np.asarray(scale, dtype=np.float64)) if isinstance(scale, np.ndarray) else scale
+    return (
+        torch.from_numpy(np.asarray(scale, dtype=np.float64))
+        if isinstance(scale, np.ndarray)
+        else scale
+    )
 
 
 class Lowering:
     """Emits graph nodes and computes fake-quantized tensors for one pass over a batch."""
 
-    def __init__(self, config: QuantConfig, fitted: Fitted | None = None, keep_values: bool = False,
-                 differentiable: bool = False) -> None:
+    def __init__(
+        self,
+        config: QuantConfig,
+        fitted: Fitted | None = None,
+        keep_values: bool = False,
+        differentiable: bool = False,
+    ) -> None:
         self.config = config
         self.differentiable = differentiable
         self.fitting = fitted is None
@@ -77,10 +86,13 @@ class Lowering:
         self.ranges: dict[str, Range] = {}  # float range of every named point on this batch
         self.graph = Graph()
         self.keep_values = keep_values
-        self.values: dict[str, QValue] = {}  # node name -> QValue on this batch (diagnostics; opt-in: memory)
+        self.values: dict[
+            str, QValue
+        ] = {}  # node name -> QValue on this batch (diagnostics; opt-in: memory)
 
     def _fake(self, q: Quantizer, t: Tensor) -> Tensor:
-        """q's quantize-dequantize of ``t``; straight-through (inside q's range) when differentiable."""
+        """q's quantize-dequantize of ``t``; straight-through (inside q's range) when
+        differentiable."""
         out = q.fake(t)
         if not self.differentiable:
             return out
@@ -106,7 +118,9 @@ class Lowering:
         t = t.detach()
         self.ranges[name] = Range(float(t.min()), float(t.max()))
 
-    def fit(self, point: str, values: Tensor, bits: int | None = None, signed: bool | None = None) -> Quantizer:
+    def fit(
+        self, point: str, values: Tensor, bits: int | None = None, signed: bool | None = None
+    ) -> Quantizer:
         """The quantizer of ``point``: fitted on ``values`` in fit mode (unless one was given in
         advance), reused otherwise."""
         if self.fitting and point in self.quantizers:
@@ -115,12 +129,17 @@ class Lowering:
             try:
                 return self.quantizers[point]
             except KeyError:
-                raise KeyError(f"no fitted quantizer for {point!r}: the model changed since calibration") from None
+                raise KeyError(
+                    f"no fitted quantizer for {point!r}: the model changed since calibration"
+                ) from None
         bits = bits or self.config.bits_for(point)
         v = values.detach().flatten().double()
         if self.config.range_mode is RangeMode.PERCENTILE and v.numel() > 100:
             hi_q = self.config.percentile / 100.0
-            lo, hi = float(torch.quantile(v[:1_000_000], 1 - hi_q)), float(torch.quantile(v[:1_000_000], hi_q))
+            lo, hi = (
+                float(torch.quantile(v[:1_000_000], 1 - hi_q)),
+                float(torch.quantile(v[:1_000_000], hi_q)),
+            )
         else:
             lo, hi = float(v.min()), float(v.max())
         if signed is False:
@@ -136,16 +155,31 @@ class Lowering:
         x = x.double()
         q = self.fit(name, x, self.config.in_bits)
         self.record(name, x)
-        node = self.graph.add(name, "input", tag="input", shape=tuple(x.shape[1:]), dtype_bits=q.n_bits,
-                              signed=q.signed)
+        node = self.graph.add(
+            name,
+            "input",
+            tag="input",
+            shape=tuple(x.shape[1:]),
+            dtype_bits=q.n_bits,
+            signed=q.signed,
+        )
         if q.zero_point:
-            node = self.graph.add(f"{name}.center", "add_const", (node,), tag="input",
-                                  value=np.int64(-q.zero_point))
+            node = self.graph.add(
+                f"{name}.center", "add_const", (node,), tag="input", value=np.int64(-q.zero_point)
+            )
         return self._out(node, q.scale, self._fake(q, x)), q
 
     # ---------------------------------------------------------------------------- leveled ops
-    def linear(self, x: QValue, weight: Tensor, bias: Tensor | None, name: str, tag: str,
-               bias_multiplier: float = 1.0, out_scale: float | None = None) -> QValue:
+    def linear(
+        self,
+        x: QValue,
+        weight: Tensor,
+        bias: Tensor | None,
+        name: str,
+        tag: str,
+        bias_multiplier: float = 1.0,
+        out_scale: float | None = None,
+    ) -> QValue:
         """x @ Wᵀ + b with clear integer weights; the output scale is s_x · s_w.
 
         ``bias_multiplier`` scales the bias before quantization (a pooled sum instead of a mean);
@@ -161,7 +195,11 @@ class Lowering:
             s_w = np.asarray(out_scale / x.scale, dtype=np.float64)
             w_int = np.round(w / s_w).astype(np.int64)
         scale = x.scale * s_w
-        b = np.zeros(w.shape[1]) if bias is None else bias.detach().double().numpy() * bias_multiplier
+        b = (
+            np.zeros(w.shape[1])
+            if bias is None
+            else bias.detach().double().numpy() * bias_multiplier
+        )
         b_int = np.round(b / scale).astype(np.int64)
         node = self.graph.add(name, "linear", (x.node,), tag=tag, weight=w_int, bias=b_int)
         b_t = None if bias is None else bias * bias_multiplier
@@ -170,7 +208,8 @@ class Lowering:
         return self._out(node, scale if per_channel else float(scale), fake)
 
     def matmul_left(self, matrix: np.ndarray, x: QValue, name: str, tag: str) -> QValue:
-        """M @ x along the sequence axis (axis -2) with a clear matrix M quantized to weight_bits."""
+        """M @ x along the sequence axis (axis -2) with a clear matrix M quantized to
+        weight_bits."""
         if isinstance(x.scale, np.ndarray):
             raise ValueError(f"{name}: needs a per-tensor input scale")
         m_int, s_m = quantize_weight(matrix.reshape(-1, 1), self.config.w_bits, per_channel=False)
@@ -182,7 +221,11 @@ class Lowering:
 
     def add_const(self, x: QValue, value: Tensor | np.ndarray, name: str, tag: str) -> QValue:
         """x + c, with the float constant c quantized to x's scale."""
-        v = value.detach().double().numpy() if isinstance(value, Tensor) else np.asarray(value, dtype=np.float64)
+        v = (
+            value.detach().double().numpy()
+            if isinstance(value, Tensor)
+            else np.asarray(value, dtype=np.float64)
+        )
         c_int = np.round(v / x.scale).astype(np.int64)
         node = self.graph.add(name, "add_const", (x.node,), tag=tag, value=c_int)
         fake = x.fake + self._const(c_int * x.scale, value)
@@ -239,10 +282,19 @@ class Lowering:
         return self._out(node, x.scale, x.fake.permute(0, *(a + 1 for a in axes)))
 
     # ------------------------------------------------------------------------- PBS operations
-    def lut(self, x: QValue, fn: Callable[[Tensor], Tensor], point: str, tag: str, bits: int | None = None,
-            signed: bool | None = None, quantizer: Quantizer | None = None) -> QValue:
+    def lut(
+        self,
+        x: QValue,
+        fn: Callable[[Tensor], Tensor],
+        point: str,
+        tag: str,
+        bits: int | None = None,
+        signed: bool | None = None,
+        quantizer: Quantizer | None = None,
+    ) -> QValue:
         """y = quantize(fn(x)): one table lookup that fuses dequantisation, the float function and
-        requantisation. ``quantizer`` forces the output quantizer; otherwise it is fitted at ``point``."""
+        requantisation. ``quantizer`` forces the output quantizer; otherwise it is fitted at
+        ``point``."""
         r = self._rounding_for(point, x)
         x_in = self._rounded(x, r)
         y = fn(x_in)
@@ -255,26 +307,55 @@ class Lowering:
             vals = fn(torch.from_numpy(np.asarray(ints, dtype=np.float64)) * scale_t)
             return q.quantize_np(vals.numpy()) - q.zero_point
 
-        node = self.graph.add(point, "lut", (x.node,), tag=tag, fn=table, shape=x.shape, rounding_bits=r,
-                              per_channel=isinstance(x.scale, np.ndarray),
-                              out_range=(q.qmin - q.zero_point, q.qmax - q.zero_point))
+        node = self.graph.add(
+            point,
+            "lut",
+            (x.node,),
+            tag=tag,
+            fn=table,
+            shape=x.shape,
+            rounding_bits=r,
+            per_channel=isinstance(x.scale, np.ndarray),
+            out_range=(q.qmin - q.zero_point, q.qmax - q.zero_point),
+        )
         return self._out(node, q.scale, self._fake(q, y))
 
-    def lut_exact(self, x: QValue, fn_int: Callable[[Tensor], Tensor], name: str, tag: str,
-                  rounding: bool = False) -> QValue:
-        """A lookup that commutes with positive scaling (ReLU, |x|, min(x, 0)): the scale is kept and
-        the table is the integer function itself (no requantisation). With ``rounding`` the input is
-        rounded like any lookup's (``lut_bits``), for uses that tolerate it (a softmax's row maximum)."""
+    def lut_exact(
+        self,
+        x: QValue,
+        fn_int: Callable[[Tensor], Tensor],
+        name: str,
+        tag: str,
+        rounding: bool = False,
+    ) -> QValue:
+        """A lookup that commutes with positive scaling (ReLU, |x|, min(x, 0)): the scale is kept
+        and the table is the integer function itself (no requantisation). With ``rounding`` the
+        input is rounded like any lookup's (``lut_bits``), for uses that tolerate it (a softmax's
+        row maximum)."""
         r = self._rounding_for(name, x) if rounding else 0
-        node = self.graph.add(name, "lut", (x.node,), tag=tag, shape=x.shape, rounding_bits=r,
-                              fn=lambda ints: fn_int(torch.from_numpy(np.asarray(ints))).numpy(),
-                              per_channel=False)
+        node = self.graph.add(
+            name,
+            "lut",
+            (x.node,),
+            tag=tag,
+            shape=x.shape,
+            rounding_bits=r,
+            fn=lambda ints: fn_int(torch.from_numpy(np.asarray(ints))).numpy(),
+            per_channel=False,
+        )
         fake = fn_int(self._rounded(x, r)) if r else fn_int(x.fake)
         self.record(name, fake)
         return self._out(node, x.scale, fake)
 
-    def requant(self, x: QValue, point: str, tag: str, bits: int | None = None, signed: bool | None = None,
-                quantizer: Quantizer | None = None) -> QValue:
+    def requant(
+        self,
+        x: QValue,
+        point: str,
+        tag: str,
+        bits: int | None = None,
+        signed: bool | None = None,
+        quantizer: Quantizer | None = None,
+    ) -> QValue:
         return self.lut(x, lambda t: t, point, tag, bits, signed, quantizer)
 
     def mul(self, a: QValue, b: QValue, name: str, tag: str) -> QValue:
@@ -289,8 +370,14 @@ class Lowering:
         if isinstance(a.scale, np.ndarray) or isinstance(b.scale, np.ndarray):
             raise ValueError(f"{name}: encrypted matmul needs per-tensor scales")
         fake = a.fake @ b.fake
-        node = self.graph.add(name, "matmul", (a.node, b.node), tag=tag, shape=tuple(fake.shape[1:]),
-                              inner=a.shape[-1])
+        node = self.graph.add(
+            name,
+            "matmul",
+            (a.node, b.node),
+            tag=tag,
+            shape=tuple(fake.shape[1:]),
+            inner=a.shape[-1],
+        )
         self.record(name, fake)
         return self._out(node, a.scale * b.scale, fake)
 

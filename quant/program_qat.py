@@ -48,8 +48,11 @@ def fit_quantizers(model: Transformer, calib_x: torch.Tensor, config: QuantConfi
     return low.fitted
 
 
-def twin_forward(model: Transformer, x: torch.Tensor, config: QuantConfig, fitted: Fitted) -> torch.Tensor:
-    """The integer program's fake-quantized forward on ``x``, differentiable in the model's weights."""
+def twin_forward(
+    model: Transformer, x: torch.Tensor, config: QuantConfig, fitted: Fitted
+) -> torch.Tensor:
+    """The integer program's fake-quantized forward on ``x``, differentiable in the model's
+    weights."""
     low = Lowering(config, fitted, differentiable=True)
     return lower_transformer(low, model, x).fake
 
@@ -59,27 +62,43 @@ def program_score(program: QuantizedProgram, task: TaskData) -> float:
     return task.score(torch.from_numpy(np.asarray(out)), task.y_test)
 
 
-def train_program(model: Transformer, task: TaskData, quant: QuantConfig, train_config: TrainConfig,
-                  n_calib: int = DEFAULT_CALIB_SAMPLES, progress: bool = True,
-                  distill: float = 0.5) -> ProgramQatResult:
-    """Fine-tune ``model`` through its integer program (AdamW, cosine schedule); returns the folded model,
-    its exported program and the program's test score.
+def train_program(
+    model: Transformer,
+    task: TaskData,
+    quant: QuantConfig,
+    train_config: TrainConfig,
+    n_calib: int = DEFAULT_CALIB_SAMPLES,
+    progress: bool = True,
+    distill: float = 0.5,
+) -> ProgramQatResult:
+    """Fine-tune ``model`` through its integer program (AdamW, cosine schedule); returns the folded
+    model, its exported program and the program's test score.
 
-    ``distill`` weighs a distillation term: the KL divergence from the float model's predictions (the
-    teacher, frozen) to the program's, next to the task loss (classification tasks only)."""
+    ``distill`` weighs a distillation term: the KL divergence from the float model's predictions
+    (the teacher, frozen) to the program's, next to the task loss (classification tasks only)."""
     seed_everything(train_config.seed)
     teacher = fold_norms(model.eval())
     model = _trainable_copy(teacher)
     distill = distill if task.metric.value == "accuracy" else 0.0
     calib_x = task.x_train[:n_calib]
-    opt = torch.optim.AdamW(model.parameters(), lr=train_config.lr, weight_decay=train_config.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=train_config.lr, weight_decay=train_config.weight_decay
+    )
     n = len(task.x_train)
     steps = max(1, train_config.epochs * math.ceil(n / train_config.batch_size))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
     loss_fn = task.loss_fn()
     g = torch.Generator().manual_seed(train_config.seed)
     history: list[dict] = []
-    bar = tqdm(total=steps, desc=f"program QAT {quant.n_bits} bits", disable=not progress, leave=False, unit="step")
+    bar = tqdm(
+        total=steps,
+        desc=f"program QAT {quant.n_bits} bits",
+        disable=not progress,
+        leave=False,
+        unit="step",
+    )
     for epoch in range(train_config.epochs):
         model.eval()  # no dropout: the twin is the inference program
         fitted = fit_quantizers(model, calib_x, quant)
@@ -92,7 +111,9 @@ def train_program(model: Transformer, task: TaskData, quant: QuantConfig, train_
             if distill:
                 with torch.no_grad():
                     target = torch.softmax(teacher(task.x_train[idx]), -1)
-                kl = torch.nn.functional.kl_div(torch.log_softmax(out, -1), target, reduction="batchmean")
+                kl = torch.nn.functional.kl_div(
+                    torch.log_softmax(out, -1), target, reduction="batchmean"
+                )
                 loss = (1 - distill) * loss + distill * kl
             opt.zero_grad(set_to_none=True)
             loss.backward()

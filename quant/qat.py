@@ -33,12 +33,20 @@ class QATLinear(nn.Module):
         super().__init__()
         qnn = _brevitas()
         self.in_quant = qnn.QuantIdentity(bit_width=bits, return_quant_tensor=False)
-        self.linear = qnn.QuantLinear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                      weight_bit_width=bits)
+        self.linear = qnn.QuantLinear(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            weight_bit_width=bits,
+        )
         self.linear.weight.data.copy_(linear.weight.data)
         if linear.bias is not None:
             self.linear.bias.data.copy_(linear.bias.data)
-        self.out_quant = qnn.QuantIdentity(bit_width=bits, return_quant_tensor=False) if quantize_output else None
+        self.out_quant = (
+            qnn.QuantIdentity(bit_width=bits, return_quant_tensor=False)
+            if quantize_output
+            else None
+        )
 
     def forward(self, x):
         y = self.linear(self.in_quant(x))
@@ -53,7 +61,11 @@ def prepare_qat(model: Transformer, bits: int) -> Transformer:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
-                qkv = isinstance(module, MultiHeadAttention) and name in ("q_proj", "k_proj", "v_proj")
+                qkv = isinstance(module, MultiHeadAttention) and name in (
+                    "q_proj",
+                    "k_proj",
+                    "v_proj",
+                )
                 setattr(module, name, QATLinear(child, bits, quantize_output=qkv))
     return model
 
@@ -64,8 +76,11 @@ def strip_qat(model: Transformer) -> Transformer:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, QATLinear):
-                lin = nn.Linear(child.linear.in_features, child.linear.out_features,
-                                bias=child.linear.bias is not None)
+                lin = nn.Linear(
+                    child.linear.in_features,
+                    child.linear.out_features,
+                    bias=child.linear.bias is not None,
+                )
                 lin.weight.data.copy_(child.linear.weight.data)
                 if child.linear.bias is not None:
                     lin.bias.data.copy_(child.linear.bias.data)

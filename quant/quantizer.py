@@ -61,4 +61,6 @@ def quantize_weight(w: np.ndarray, n_bits: int, per_channel: bool) -> tuple[np.n
     qmax = 2 ** (n_bits - 1) - 1
     amax = np.abs(w).max(axis=0) if per_channel else np.abs(w).max()
     scale = np.where(amax > 0, amax / qmax, 1.0)
-    return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int64), np.asarray(scale, dtype=np.float64)
+    return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int64), np.asarray(
+        scale, dtype=np.float64
+    )

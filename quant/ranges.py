@@ -1,13 +1,15 @@
-"""Proven value ranges: interval arithmetic over the integer program, for every input the client accepts.
+"""Proven value ranges: interval arithmetic over the integer program, for every input the client
+accepts.
 
 Calibration (:meth:`quant.ir.Graph.calibrate`) fixes each node's bit width from the values a
 calibration set produces. An input the calibration set did not resemble can push a leveled value
 (an accumulator, a sum) past that width: the clear program saturates it, the encrypted circuit wraps
-around, and the two disagree silently. This module bounds every node over *all* inputs in the client's
-accepted range instead: clear weights and constants are known, so each op maps element-wise intervals
-to element-wise intervals exactly or conservatively, and a table lookup's output is bounded by its
-table over every (rounded) input its source can hold. With every node's width set from these bounds
-(``fhe compile --ranges proven``) no value can leave its width, so encrypted == clear for every input.
+around, and the two disagree silently. This module bounds every node over *all* inputs in the
+client's accepted range instead: clear weights and constants are known, so each op maps element-wise
+intervals to element-wise intervals exactly or conservatively, and a table lookup's output is
+bounded by its table over every (rounded) input its source can hold. With every node's width set
+from these bounds (``fhe compile --ranges proven``) no value can leave its width, so encrypted ==
+clear for every input.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import numpy as np
 from quant.ir import FREE_OPS, Graph, Node, round_bit_pattern, value_bits
 from quant.ops import op_spec
 
-TABLE_LIMIT = 1 << 18  # table entries evaluated per lookup node (inputs wider than this are bounded coarsely)
+TABLE_LIMIT = (
+    1 << 18
+)  # table entries evaluated per lookup node (inputs wider than this are bounded coarsely)
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,9 @@ def proven_intervals(graph: Graph, input_lo: int, input_hi: int) -> dict[str, In
         args = [env[i] for i in node.inputs]
         if node.op == "input":
             shape = graph.input_shape
-            env[node.name] = Interval(np.full(shape, input_lo, np.int64), np.full(shape, input_hi, np.int64))
+            env[node.name] = Interval(
+                np.full(shape, input_lo, np.int64), np.full(shape, input_hi, np.int64)
+            )
         else:
             env[node.name] = _bound(node, args)
     return env
@@ -61,8 +67,15 @@ def widen_to_proven(graph: Graph, input_lo: int, input_hi: int) -> list[dict]:
         before = node.bits
         node.lo, node.hi = min(node.lo, proven[name][0]), max(node.hi, proven[name][1])
         if node.bits != before:
-            grown.append({"node": name, "tag": node.tag, "op": node.op, "calibrated_bits": before,
-                          "proven_bits": node.bits})
+            grown.append(
+                {
+                    "node": name,
+                    "tag": node.tag,
+                    "op": node.op,
+                    "calibrated_bits": before,
+                    "proven_bits": node.bits,
+                }
+            )
     return grown
 
 
@@ -73,8 +86,15 @@ def overflow_risks(graph: Graph, input_lo: int, input_hi: int) -> list[dict]:
     for name, node in graph.nodes.items():
         lo, hi = proven[name]
         if node.lo is not None and node.op not in FREE_OPS and value_bits(lo, hi) > node.bits:
-            risks.append({"node": name, "tag": node.tag, "op": node.op, "calibrated_bits": node.bits,
-                          "proven_bits": value_bits(lo, hi)})
+            risks.append(
+                {
+                    "node": name,
+                    "tag": node.tag,
+                    "op": node.op,
+                    "calibrated_bits": node.bits,
+                    "proven_bits": value_bits(lo, hi),
+                }
+            )
     return risks
 
 
@@ -98,7 +118,9 @@ def _linear(a: dict, args: list[Interval], node: Node) -> Interval:
 
 def _matmul_left(a: dict, args: list[Interval], node: Node) -> Interval:
     (pos, neg), x = _weights(a), args[0]
-    return Interval(np.matmul(pos, x.lo) + np.matmul(neg, x.hi), np.matmul(pos, x.hi) + np.matmul(neg, x.lo))
+    return Interval(
+        np.matmul(pos, x.lo) + np.matmul(neg, x.hi), np.matmul(pos, x.hi) + np.matmul(neg, x.lo)
+    )
 
 
 def _sum(a: dict, args: list[Interval], node: Node) -> Interval:
@@ -109,23 +131,30 @@ def _sum(a: dict, args: list[Interval], node: Node) -> Interval:
 
 def _matmul(a: dict, args: list[Interval], node: Node) -> Interval:
     x, y = args
-    terms = _product_bounds(Interval(x.lo[..., :, :, None], x.hi[..., :, :, None]),
-                            Interval(y.lo[..., None, :, :], y.hi[..., None, :, :]))
+    terms = _product_bounds(
+        Interval(x.lo[..., :, :, None], x.hi[..., :, :, None]),
+        Interval(y.lo[..., None, :, :], y.hi[..., None, :, :]),
+    )
     return Interval(terms.lo.sum(axis=-2), terms.hi.sum(axis=-2))
 
 
 def _layout_bounds(a: dict, args: list[Interval], node: Node) -> Interval:
-    """Layout ops move values without changing them: the interpreter's op on each side's bound array."""
+    """Layout ops move values without changing them: the interpreter's op on each side's bound
+    array."""
     spec = op_spec(node.op)
-    return Interval(*(np.asarray(spec.evaluate(a, [getattr(x, side) for x in args])) for side in ("lo", "hi")))
+    return Interval(
+        *(np.asarray(spec.evaluate(a, [getattr(x, side) for x in args])) for side in ("lo", "hi"))
+    )
 
 
 # The interval rule of every op (quant.ops), keyed like the registry; a test checks none is missing.
 INTERVAL_RULES = {
     "linear": _linear,
     "matmul_left": _matmul_left,
-    "add_const": lambda a, args, node: Interval(args[0].lo + np.asarray(a["value"], dtype=np.int64),
-                                                args[0].hi + np.asarray(a["value"], dtype=np.int64)),
+    "add_const": lambda a, args, node: Interval(
+        args[0].lo + np.asarray(a["value"], dtype=np.int64),
+        args[0].hi + np.asarray(a["value"], dtype=np.int64),
+    ),
     "mul_const": lambda a, args, node: _product_bounds(args[0], _point(a["value"])),
     "add": lambda a, args, node: Interval(args[0].lo + args[1].lo, args[0].hi + args[1].hi),
     "sub": lambda a, args, node: Interval(args[0].lo - args[1].hi, args[0].hi - args[1].lo),
@@ -152,10 +181,15 @@ def _table_bounds(node: Node, src: Interval) -> Interval:
     """A lookup's output over every value its source can hold (rounded as the node rounds)."""
     lo, hi = src.scalar
     r = node.attrs.get("rounding_bits", 0)
-    candidates = np.unique(round_bit_pattern(np.arange(lo, hi + 1, dtype=np.int64), r)) \
-        if hi - lo < TABLE_LIMIT else None
+    candidates = (
+        np.unique(round_bit_pattern(np.arange(lo, hi + 1, dtype=np.int64), r))
+        if hi - lo < TABLE_LIMIT
+        else None
+    )
     if candidates is None:
-        raise ValueError(f"lookup {node.name!r} reads a range of {hi - lo + 1} values; too wide to tabulate")
+        raise ValueError(
+            f"lookup {node.name!r} reads a range of {hi - lo + 1} values; too wide to tabulate"
+        )
     shape = tuple(node.attrs["shape"])
     column = candidates.reshape((-1,) + (1,) * len(shape))
     grid = np.ascontiguousarray(np.broadcast_to(column, (len(candidates), *shape)))

@@ -12,8 +12,17 @@ def node_rows(graph: Graph) -> list[dict]:
     for n in graph.nodes.values():
         if n.op in FREE_OPS:
             continue
-        rows.append({"node": n.name, "op": n.op, "tag": n.tag, "shape": list(n.attrs.get("shape", [])),
-                     "range": [n.lo, n.hi], "bits": n.bits, "lut_input_bits": n.lut_input_bits(graph)})
+        rows.append(
+            {
+                "node": n.name,
+                "op": n.op,
+                "tag": n.tag,
+                "shape": list(n.attrs.get("shape", [])),
+                "range": [n.lo, n.hi],
+                "bits": n.bits,
+                "lut_input_bits": n.lut_input_bits(graph),
+            }
+        )
     return rows
 
 
@@ -40,12 +49,17 @@ def format_program(graph: Graph, limit: int = LUT_BIT_LIMIT) -> str:
     for r in node_rows(graph):
         lut = r["lut_input_bits"]
         flag = " !" if lut is not None and lut > limit else ""
-        lines.append(f"| {r['node']} | {r['op']} | {r['tag']} | [{r['range'][0]}, {r['range'][1]}] | {r['bits']} | "
-                     f"{'' if lut is None else lut}{flag} |")
+        lines.append(
+            f"| {r['node']} | {r['op']} | {r['tag']} | [{r['range'][0]}, {r['range'][1]}] | "
+            f"{r['bits']} | {'' if lut is None else lut}{flag} |"
+        )
     s = program_summary(graph)
-    lines += ["", f"max bit width {s['max_bit_width']}, max table-lookup input {s['max_lut_input_bits']} bits "
-              f"(TFHE limit {limit}), estimated PBS {s['pbs_estimate']}, "
-              f"{'fits' if s['fits_tfhe'] else 'does NOT fit'} TFHE"]
+    lines += [
+        "",
+        f"max bit width {s['max_bit_width']}, max table-lookup input {s['max_lut_input_bits']} "
+        f"bits (TFHE limit {limit}), estimated PBS {s['pbs_estimate']}, "
+        f"{'fits' if s['fits_tfhe'] else 'does NOT fit'} TFHE",
+    ]
     return "\n".join(lines)
 
 

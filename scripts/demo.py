@@ -1,18 +1,22 @@
-"""The README's main job, end to end on a fresh machine (run by `make demo`; ~6 minutes on 2 cores once installed).
+"""The README's main job, end to end on a fresh machine (run by `make demo`; ~6 minutes on 2 cores
+once installed).
 
 1. train a small Inhibitor transformer on sklearn's digits (4 tokens of 4x4 pixels, BatchNorm), then
-   fine-tune it through its own TFHE integer program (`--qat-bits 6`: the program reproduces the QAT model);
-2. compile it with TFHE (the defaults keep every lookup at <= 5 bits): expected key size and latency,
-   keygen, one encrypted test sample, the cost report per stage; client (secret keys) and server (no
-   secret key) artifacts;
+   fine-tune it through its own TFHE integer program (`--qat-bits 6`: the program reproduces the QAT
+   model);
+2. compile it with TFHE (the defaults keep every lookup at <= 5 bits): expected key size and
+   latency, keygen, one encrypted test sample, the cost report per stage; client (secret keys) and
+   server (no secret key) artifacts;
 3. `fhe run` one sample through the artifacts, then compare float, clear-integer and simulated
-   predictions on the whole test split and encrypted ones on a few samples (`FHE_DEMO_SAMPLES`, default 1);
+   predictions on the whole test split and encrypted ones on a few samples (`FHE_DEMO_SAMPLES`,
+   default 1);
 4. CKKS: train a PowerSoftmax model with the polynomial recipe (length-agnostic form, range losses),
    print its CKKS cost report, and compare float, clear polynomial and encrypted predictions on all
    360 test samples at once (SIMD slots; N = 16384 with the labelled client-assisted refresh, which
    keeps the demo to minutes; `fhe compare` without `--refresh` picks N = 32768 and needs none);
-5. the same model as one query: the packed layout (one sample per ciphertext, rotations by SEAL), its
-   rotation steps and Galois keys, and one encrypted sample against the clear polynomial program.
+5. the same model as one query: the packed layout (one sample per ciphertext, rotations by SEAL),
+   its rotation steps and Galois keys, and one encrypted sample against the clear polynomial
+   program.
 """
 
 from __future__ import annotations
@@ -34,25 +38,108 @@ def fhe(*args: str) -> None:
 def main() -> None:
     RUNS.mkdir(exist_ok=True)
     model = str(RUNS / "digits-inhibitor.pt")
-    fhe("train", "--task", "digits", "--patch", "4", "--attention", "inhibitor", "--d-model", "16", "--heads", "1",
-        "--epochs", "60", "--qat-bits", "6", "--qat-epochs", "100", "-o", model)
-    fhe("compile", model, "--scheme", "tfhe", "--json", str(RUNS / "digits-inhibitor-tfhe.json"), "--out",
-        str(RUNS / "digits-inhibitor-tfhe"))
+    fhe(
+        "train",
+        "--task",
+        "digits",
+        "--patch",
+        "4",
+        "--attention",
+        "inhibitor",
+        "--d-model",
+        "16",
+        "--heads",
+        "1",
+        "--epochs",
+        "60",
+        "--qat-bits",
+        "6",
+        "--qat-epochs",
+        "100",
+        "-o",
+        model,
+    )
+    fhe(
+        "compile",
+        model,
+        "--scheme",
+        "tfhe",
+        "--json",
+        str(RUNS / "digits-inhibitor-tfhe.json"),
+        "--out",
+        str(RUNS / "digits-inhibitor-tfhe"),
+    )
     fhe("run", str(RUNS / "digits-inhibitor-tfhe"), "--sample", "1")
     fhe("compare", model, "--scheme", "tfhe", "--mode", "simulate", "--n", "360")
     fhe("compare", model, "--scheme", "tfhe", "--mode", "execute", "--n", str(N_ENCRYPTED))
 
     poly = str(RUNS / "digits-power-softmax.pt")
-    fhe("train", "--task", "digits", "--attention", "power-softmax", "--norm", "none", "--ffn-activation", "gelu",
-        "--power-form", "length-agnostic", "--power-eps", "0.05", "--d-model", "16", "--heads", "2", "--epochs", "60",
-        "--range-loss", "0.1", "--range-threshold", "1.0", "--act-range-loss", "0.05", "--act-range-threshold", "3",
-        "-o", poly)
-    fhe("compile", poly, "--scheme", "ckks", "--no-run", "--refresh", "--json",
-        str(RUNS / "digits-power-softmax-ckks.json"))
-    fhe("compare", poly, "--scheme", "ckks", "--mode", "execute", "--n", "360", "--refresh",
-        "--poly-modulus-degree", "16384")
-    fhe("compile", poly, "--scheme", "ckks", "--layout", "packed", "--scale-bits", "38", "--json",
-        str(RUNS / "digits-power-softmax-packed.json"))
+    fhe(
+        "train",
+        "--task",
+        "digits",
+        "--attention",
+        "power-softmax",
+        "--norm",
+        "none",
+        "--ffn-activation",
+        "gelu",
+        "--power-form",
+        "length-agnostic",
+        "--power-eps",
+        "0.05",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--epochs",
+        "60",
+        "--range-loss",
+        "0.1",
+        "--range-threshold",
+        "1.0",
+        "--act-range-loss",
+        "0.05",
+        "--act-range-threshold",
+        "3",
+        "-o",
+        poly,
+    )
+    fhe(
+        "compile",
+        poly,
+        "--scheme",
+        "ckks",
+        "--no-run",
+        "--refresh",
+        "--json",
+        str(RUNS / "digits-power-softmax-ckks.json"),
+    )
+    fhe(
+        "compare",
+        poly,
+        "--scheme",
+        "ckks",
+        "--mode",
+        "execute",
+        "--n",
+        "360",
+        "--refresh",
+        "--poly-modulus-degree",
+        "16384",
+    )
+    fhe(
+        "compile",
+        poly,
+        "--scheme",
+        "ckks",
+        "--layout",
+        "packed",
+        "--scale-bits",
+        "38",
+        "--json",
+        str(RUNS / "digits-power-softmax-packed.json"),
+    )
 
 
 if __name__ == "__main__":

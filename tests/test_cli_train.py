@@ -14,15 +14,31 @@ from models.transformer import Transformer
 def test_train_saves_a_model_that_reloads_to_the_same_outputs(tmp_path):
     out = tmp_path / "m.pt"
     summary = tmp_path / "s.json"
-    res = CliRunner().invoke(main, ["train", "--task", "digits", "--attention", "inhibitor", "--epochs", "8",
-                                    "--quiet", "-o", str(out), "--json", str(summary)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--task",
+            "digits",
+            "--attention",
+            "inhibitor",
+            "--epochs",
+            "8",
+            "--quiet",
+            "-o",
+            str(out),
+            "--json",
+            str(summary),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "digits / inhibitor: test accuracy" in res.output
     info = json.loads(summary.read_text())
     ckpt = load_checkpoint(out)
     data = load_task("digits")
     assert evaluate(ckpt.model, data) == info["test"]
-    # it learned: far above the same architecture untrained (chance is 0.1), and its training loss fell
+    # it learned: far above the same architecture untrained (chance is 0.1), and its training loss
+    # fell
     untrained = evaluate(Transformer(ckpt.model.config), data)
     assert info["test"] > untrained + 0.4, (info["test"], untrained)
     losses = [h["train_loss"] for h in ckpt.extra["history"]]
@@ -34,8 +50,23 @@ def test_train_saves_a_model_that_reloads_to_the_same_outputs(tmp_path):
 
 def test_train_sets_the_ffn_width(tmp_path):
     out = tmp_path / "m.pt"
-    res = CliRunner().invoke(main, ["train", "--d-model", "8", "--heads", "1", "--d-ff", "24", "--epochs", "1",
-                                    "--quiet", "-o", str(out)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--d-model",
+            "8",
+            "--heads",
+            "1",
+            "--d-ff",
+            "24",
+            "--epochs",
+            "1",
+            "--quiet",
+            "-o",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     model = load_checkpoint(out).model
     assert model.config.d_ff == 24
@@ -43,10 +74,22 @@ def test_train_sets_the_ffn_width(tmp_path):
 
 
 def test_train_reports_bad_options_clearly(tmp_path):
-    res = CliRunner().invoke(main, ["train", "--task", "mnist", "--data-dir", str(tmp_path / "no"), "-o",
-                                    str(tmp_path / "m.pt")])
+    res = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--task",
+            "mnist",
+            "--data-dir",
+            str(tmp_path / "no"),
+            "-o",
+            str(tmp_path / "m.pt"),
+        ],
+    )
     assert res.exit_code == 2 and "--data-dir" in res.output
-    res = CliRunner().invoke(main, ["train", "--d-model", "10", "--heads", "3", "-o", str(tmp_path / "m.pt")])
+    res = CliRunner().invoke(
+        main, ["train", "--d-model", "10", "--heads", "3", "-o", str(tmp_path / "m.pt")]
+    )
     assert res.exit_code == 2 and "divisible" in res.output
     res = CliRunner().invoke(main, ["train", "--attention", "fourier"])
     assert res.exit_code == 2
@@ -54,12 +97,42 @@ def test_train_reports_bad_options_clearly(tmp_path):
 
 def test_init_keeps_the_base_architecture_and_refuses_another_attention(tmp_path):
     base = tmp_path / "dp.pt"
-    res = CliRunner().invoke(main, ["train", "--attention", "dot-product", "--d-model", "4", "--heads", "1",
-                                    "--epochs", "1", "--quiet", "-o", str(base)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--attention",
+            "dot-product",
+            "--d-model",
+            "4",
+            "--heads",
+            "1",
+            "--epochs",
+            "1",
+            "--quiet",
+            "-o",
+            str(base),
+        ],
+    )
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(main, ["train", "--init", str(base), "--attention", "power-softmax", "--epochs", "1",
-                                    "--quiet", "-o", str(tmp_path / "ps.pt")])
+    res = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--init",
+            str(base),
+            "--attention",
+            "power-softmax",
+            "--epochs",
+            "1",
+            "--quiet",
+            "-o",
+            str(tmp_path / "ps.pt"),
+        ],
+    )
     assert res.exit_code == 2 and "is a dot-product model" in res.output
-    res = CliRunner().invoke(main, ["train", "--init", str(base), "--epochs", "1", "--quiet", "-o",
-                                    str(tmp_path / "ft.pt")])
+    res = CliRunner().invoke(
+        main,
+        ["train", "--init", str(base), "--epochs", "1", "--quiet", "-o", str(tmp_path / "ft.pt")],
+    )
     assert res.exit_code == 0 and "digits / dot-product" in res.output

@@ -1,6 +1,6 @@
-"""`fhe serve` in a real uvicorn subprocess on a loopback port, called over real HTTP (httpx): round trips
-equal to the clear program for both schemes, every bad request answered 4xx, concurrent clients, and
-keys that survive a restart."""
+"""`fhe serve` in a real uvicorn subprocess on a loopback port, called over real HTTP (httpx): round
+trips equal to the clear program for both schemes, every bad request answered 4xx, concurrent
+clients, and keys that survive a restart."""
 
 from __future__ import annotations
 
@@ -29,12 +29,15 @@ OCTET = {"content-type": "application/octet-stream"}
 
 # ------------------------------------------------------------------------------ artifacts
 def _graph(n_in: int = 4, rounding: int = 3) -> Graph:
-    """A small integer program: 4-bit inputs, a clear linear layer, a lookup reading 7 - ``rounding`` bits."""
+    """A small integer program: 4-bit inputs, a clear linear layer, a lookup reading 7 -
+    ``rounding`` bits."""
     g = Graph()
     g.add("x", "input", shape=(n_in,))
     w = np.array([[1, -1, 2], [0, 1, 1], [1, 1, -1], [-1, 0, 1]][:n_in], dtype=np.int64)
     g.add("lin", "linear", ("x",), weight=w, bias=np.array([1, 0, 2], dtype=np.int64))
-    g.add("y", "lut", ("lin",), fn=lambda t: np.maximum(t, 0) // 2, shape=(3,), rounding_bits=rounding)
+    g.add(
+        "y", "lut", ("lin",), fn=lambda t: np.maximum(t, 0) // 2, shape=(3,), rounding_bits=rounding
+    )
     g.set_output("y")
     g.calibrate(np.random.default_rng(0).integers(0, 16, size=(200, n_in)))
     return g
@@ -46,9 +49,18 @@ def _tfhe_artifact(path: Path, n_in: int = 4, rounding: int = 3) -> Graph:
 
     g = _graph(n_in, rounding)
     calib = np.random.default_rng(1).integers(0, 16, size=(100, n_in))
-    meta = {"input_scale": 1.0, "input_zero_point": 0, "input_qmin": 0, "input_qmax": 15, "output_scale": 0.5,
-            "task": "none", "seq_len": 1}
-    backend = TfheBackend.compile(g, calib, TfheParams(inputset_size=100), meta=meta, input_range=(0, 15))
+    meta = {
+        "input_scale": 1.0,
+        "input_zero_point": 0,
+        "input_qmin": 0,
+        "input_qmax": 15,
+        "output_scale": 0.5,
+        "task": "none",
+        "seq_len": 1,
+    }
+    backend = TfheBackend.compile(
+        g, calib, TfheParams(inputset_size=100), meta=meta, input_range=(0, 15)
+    )
     backend.keygen()
     save_artifacts(backend, path, include_secret_key=True)
     return g
@@ -59,7 +71,9 @@ def tfhe_art(tmp_path_factory):
     root = tmp_path_factory.mktemp("tfhe")
     graph = _tfhe_artifact(root / "a")
     _tfhe_artifact(root / "b")  # the same circuit, other keys: a second client
-    _tfhe_artifact(root / "other", n_in=3, rounding=1)  # another circuit, with wider lookups: other parameters
+    _tfhe_artifact(
+        root / "other", n_in=3, rounding=1
+    )  # another circuit, with wider lookups: other parameters
     return root, graph
 
 
@@ -73,8 +87,11 @@ def ckks_art(tmp_path_factory):
     from fhe.schemes import CkksParams
 
     root = tmp_path_factory.mktemp("ckks")
-    cm = compile_model(tiny(attention="geglu-only"), torch.randn(300, 4, 3, dtype=torch.float64),
-                       CkksParams(approx=ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)))
+    cm = compile_model(
+        tiny(attention="geglu-only"),
+        torch.randn(300, 4, 3, dtype=torch.float64),
+        CkksParams(approx=ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)),
+    )
     cm.keygen()
     cm.save(root / "a", include_secret_key=True)
     return root, cm
@@ -82,7 +99,8 @@ def ckks_art(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def packed_art(tmp_path_factory):
-    """The packed CKKS layout (one sample per SEAL ciphertext, Galois keys uploaded with the context)."""
+    """The packed CKKS layout (one sample per SEAL ciphertext, Galois keys uploaded with the
+    context)."""
     sys.path.insert(0, str(Path(__file__).parent / "fhe"))
     from ckks_models import tiny
 
@@ -91,8 +109,11 @@ def packed_art(tmp_path_factory):
     from fhe.schemes import CkksParams
 
     root = tmp_path_factory.mktemp("packed")
-    cm = compile_model(tiny(attention="geglu-only"), torch.randn(300, 4, 3, dtype=torch.float64),
-                       CkksParams(approx=ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05), layout="packed"))
+    cm = compile_model(
+        tiny(attention="geglu-only"),
+        torch.randn(300, 4, 3, dtype=torch.float64),
+        CkksParams(approx=ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05), layout="packed"),
+    )
     cm.keygen()
     cm.save(root / "a", include_secret_key=True)
     return root, cm
@@ -114,7 +135,9 @@ class Served:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log")  # noqa: SIM115 - a file, not a pipe that fills
-        self.proc = subprocess.Popen([*self.args, "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [*self.args, "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT
+        )
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -160,7 +183,8 @@ def test_ckks_round_trip_matches_the_clear_program(ckks_art):
         clear = cm.clear(x)
         assert got.logits.shape == clear.shape
         assert np.max(np.abs(got.logits - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
-        # a context that still holds the secret key is refused: the secret key never leaves the client
+        # a context that still holds the secret key is refused: the secret key never leaves the
+        # client
         secret = (root / "a" / "client" / "context.secret").read_bytes()
         resp = httpx.put(served.url + "/keys", content=secret, headers=OCTET)
         assert resp.status_code == 400 and "secret key" in resp.json()["detail"]
@@ -169,8 +193,9 @@ def test_ckks_round_trip_matches_the_clear_program(ckks_art):
 
 
 def test_packed_ckks_round_trip_matches_the_clear_program(packed_art):
-    """A packed-layout artifact served: SEAL ciphertexts and Galois keys over HTTP, answers equal to the
-    clear packed program; keys without the program's rotations are refused before they are stored."""
+    """A packed-layout artifact served: SEAL ciphertexts and Galois keys over HTTP, answers equal to
+    the clear packed program; keys without the program's rotations are refused before they are
+    stored."""
     from fhe.ckks.seal import make_galois_keys, to_bytes
 
     root, cm = packed_art
@@ -185,12 +210,19 @@ def test_packed_ckks_round_trip_matches_the_clear_program(packed_art):
         assert np.max(np.abs(got.logits - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
         ctx = client.local.context
         steps = cm.backend.rotation_steps
-        short = wire.pack([ctx.serialize(save_secret_key=False),
-                           to_bytes(make_galois_keys(ctx, steps[:-1], cm.backend.plan.poly_modulus_degree))])
+        short = wire.pack(
+            [
+                ctx.serialize(save_secret_key=False),
+                to_bytes(make_galois_keys(ctx, steps[:-1], cm.backend.plan.poly_modulus_degree)),
+            ]
+        )
         resp = httpx.put(served.url + "/keys", content=short, headers=OCTET)
         assert resp.status_code == 400 and "rotation steps" in resp.json()["detail"]
-        resp = httpx.post(served.url + f"/infer/{client.upload_keys()}", content=wire.pack([b"not a ciphertext"]),
-                          headers=OCTET)
+        resp = httpx.post(
+            served.url + f"/infer/{client.upload_keys()}",
+            content=wire.pack([b"not a ciphertext"]),
+            headers=OCTET,
+        )
         assert resp.status_code == 400 and "SEAL ciphertexts" in resp.json()["detail"]
     finally:
         served.stop()
@@ -208,14 +240,22 @@ def test_bad_requests_get_4xx_with_a_message(tfhe_art, tfhe_server):
 
     cases = {
         "unknown key id": (post(good, kid="0" * 64), 404, "unknown key id"),
-        "wrong content type": (post(good, headers={"content-type": "application/json"}), 415, "octet-stream"),
+        "wrong content type": (
+            post(good, headers={"content-type": "application/json"}),
+            415,
+            "octet-stream",
+        ),
         "truncated payload": (post(good[: len(good) // 2]), 400, "truncated"),
         "not a payload": (post(b"hello world"), 400, "magic"),
         "not a ciphertext": (post(wire.pack([b"garbage"])), 400, "not a Concrete ciphertext"),
         "over the size limit": (post(wire.pack([b"\0" * (2 << 20)])), 413, "limit"),
     }
     other = Client(root / "other" / "client", url)
-    cases["ciphertext for another circuit"] = (post(other.encrypt(np.zeros(3))), 400, "does not fit")
+    cases["ciphertext for another circuit"] = (
+        post(other.encrypt(np.zeros(3))),
+        400,
+        "does not fit",
+    )
     resp = httpx.put(url + "/keys", content=other.public_keys(), headers=OCTET, timeout=60)
     cases["keys for another circuit"] = (resp, 400, "another circuit")
     resp = httpx.put(url + "/keys", content=b"not keys", headers=OCTET)
@@ -227,7 +267,9 @@ def test_bad_requests_get_4xx_with_a_message(tfhe_art, tfhe_server):
     stale.key_id = "f" * 64  # a key id the server never saw
     with pytest.raises(ServiceError, match="404"):
         stale.infer(good)
-    np.testing.assert_array_equal(client.decrypt(post(good).content), client.predict(np.zeros(4)).logits)
+    np.testing.assert_array_equal(
+        client.decrypt(post(good).content), client.predict(np.zeros(4)).logits
+    )
 
 
 def test_concurrent_clients_with_different_keys(tfhe_art, tfhe_server):
@@ -258,7 +300,9 @@ def test_uploaded_keys_survive_a_restart(tfhe_art, tmp_path):
         served.start()
         assert httpx.get(f"{served.url}/keys/{key_id}").status_code == 204
         client = Client(root / "a" / "client", served.url)
-        out, _ = client.infer(client.encrypt(np.full(4, 7.0)))  # no upload: the key id is already known
+        out, _ = client.infer(
+            client.encrypt(np.full(4, 7.0))
+        )  # no upload: the key id is already known
         np.testing.assert_array_equal(client.decrypt(out), graph.run(np.full(4, 7))[0] * 0.5)
     finally:
         served.stop()
@@ -266,20 +310,28 @@ def test_uploaded_keys_survive_a_restart(tfhe_art, tmp_path):
 
 def test_serve_refuses_a_folder_holding_a_secret_key(tfhe_art, tmp_path):
     root, _ = tfhe_art
-    res = subprocess.run([FHE, "serve", str(root / "a" / "client"), "--port", str(_free_port())],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [FHE, "serve", str(root / "a" / "client"), "--port", str(_free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode != 0 and "Traceback" not in res.stderr
     bad = tmp_path / "server"
     shutil.copytree(root / "a" / "server", bad)
     shutil.copy(root / "a" / "client" / "keys.bin", bad / "keys.bin")
-    res = subprocess.run([FHE, "serve", str(bad), "--port", str(_free_port())], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [FHE, "serve", str(bad), "--port", str(_free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode != 0 and "keys.bin" in res.stderr + res.stdout
 
 
 def test_ray_workers_give_the_single_process_results(tfhe_art, ckks_art):
-    """Two local Ray workers (each loads the artifact and the keys once) answer a batch of TFHE samples
-    and of CKKS SIMD blocks exactly as the in-process run does, in order."""
+    """Two local Ray workers (each loads the artifact and the keys once) answer a batch of TFHE
+    samples and of CKKS SIMD blocks exactly as the in-process run does, in order."""
     import ray
 
     from fhe.deploy.batch import run_batch
@@ -292,11 +344,15 @@ def test_ray_workers_give_the_single_process_results(tfhe_art, ckks_art):
     ckks_client = Client(ckks_root / "a" / "client")
     blocks = [torch.randn(6, 4, 3, dtype=torch.float64).numpy() for _ in range(3)]
     try:
-        for art, c, items in ((root / "a", client, payloads),
-                              (ckks_root / "a", ckks_client, [ckks_client.encrypt(b) for b in blocks])):
+        for art, c, items in (
+            (root / "a", client, payloads),
+            (ckks_root / "a", ckks_client, [ckks_client.encrypt(b) for b in blocks]),
+        ):
             local = run_batch(art / "server", c.public_keys(), items)
             spread = run_batch(art / "server", c.public_keys(), items, workers=2)
-            assert local.workers == 0 and spread.workers == 2 and len(spread.per_worker_setup_s) == 2
+            assert (
+                local.workers == 0 and spread.workers == 2 and len(spread.per_worker_setup_s) == 2
+            )
             got_local = [c.decrypt(o) for o in local.outputs]
             got_spread = [c.decrypt(o) for o in spread.outputs]
             if c.scheme == "tfhe":

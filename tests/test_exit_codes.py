@@ -17,9 +17,22 @@ FHE = Path(sys.executable).with_name("fhe")
 
 def _pytest(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
     env = {**os.environ, **env_extra}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/fixtures/failing_after_encryption.py"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/fixtures/failing_after_encryption.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_failing_test_after_an_encrypted_run_fails_the_session():
@@ -34,12 +47,32 @@ def test_the_same_test_passing_exits_zero():
     assert res.returncode == 0
 
 
-@pytest.mark.skipif(not FHE.exists(), reason="the fhe console script is not installed in this environment")
+@pytest.mark.skipif(
+    not FHE.exists(), reason="the fhe console script is not installed in this environment"
+)
 def test_a_cli_command_failing_after_an_encrypted_run_exits_non_zero(tiny_model, tmp_path):
     # the report is written after keygen and one encrypted sample; its folder does not exist
     bad_json = tmp_path / "no-such-dir" / "report.json"
-    res = subprocess.run([str(FHE), "compile", str(tiny_model), "--n-bits", "3", "--lut-bits", "5", "--inputset", "20",
-                          "--json", str(bad_json)], capture_output=True, text=True, timeout=600)
-    assert "encrypted output equals the clear integer program" in res.stdout, res.stdout + res.stderr
+    res = subprocess.run(
+        [
+            str(FHE),
+            "compile",
+            str(tiny_model),
+            "--n-bits",
+            "3",
+            "--lut-bits",
+            "5",
+            "--inputset",
+            "20",
+            "--json",
+            str(bad_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "encrypted output equals the clear integer program" in res.stdout, (
+        res.stdout + res.stderr
+    )
     assert res.returncode != 0, res.stdout + res.stderr
     assert "no-such-dir" in res.stderr

@@ -1,5 +1,6 @@
 """The service's wire format (fhe/wire.py): what is packed unpacks unchanged, and every malformed
-body (any truncation, trailing bytes, a foreign body) is a PayloadError, never an exception of another kind."""
+body (any truncation, trailing bytes, a foreign body) is a PayloadError, never an exception of
+another kind."""
 
 import pytest
 from hypothesis import given

@@ -7,10 +7,10 @@
     print(api.compare_file("model.pt", api.CompileOptions(), n=360)["accuracy"])
     print(api.run_artifact("artifacts/", sample=0).describe())
 
-Each call takes typed options and returns a result; the scheme (TFHE or CKKS) is dispatched here, once
-per call. Errors: :class:`~fhe.errors.BadOptionError` when the options or files given cannot work (the
-CLI exits 2), any other :class:`~fhe.errors.FheError` when the work itself fails (exit 1). Printing is
-the caller's: messages arrive through ``on_message``, progress through callbacks.
+Each call takes typed options and returns a result; the scheme (TFHE or CKKS) is dispatched here,
+once per call. Errors: :class:`~fhe.errors.BadOptionError` when the options or files given cannot
+work (the CLI exits 2), any other :class:`~fhe.errors.FheError` when the work itself fails (exit 1).
+Printing is the caller's: messages arrive through ``on_message``, progress through callbacks.
 """
 
 from fhe.api.artifacts import (
@@ -35,9 +35,36 @@ from fhe.api.compile import (
     one_encrypted_sample,
     save_artifacts,
 )
-from fhe.api.train import TrainOutcome, TrainRequest, load_model_and_task, quantize_file, train_model
+from fhe.api.train import (
+    TrainOutcome,
+    TrainRequest,
+    load_model_and_task,
+    quantize_file,
+    train_model,
+)
 
-__all__ = ["ArtifactRun", "BatchOutcome", "CircuitMismatchError", "Compilation", "CompileOptions", "NoParametersError",
-           "SampleCheck", "TrainOutcome", "TrainRequest", "batch_artifact", "check_circuit", "compare_file",
-           "compile_file", "keygen", "load_model_and_task", "load_task_of_artifact", "one_encrypted_sample",
-           "quantize_file", "read_input", "run_artifact", "save_artifacts", "pick_test_sample", "train_model"]
+__all__ = [
+    "ArtifactRun",
+    "BatchOutcome",
+    "CircuitMismatchError",
+    "Compilation",
+    "CompileOptions",
+    "NoParametersError",
+    "SampleCheck",
+    "TrainOutcome",
+    "TrainRequest",
+    "batch_artifact",
+    "check_circuit",
+    "compare_file",
+    "compile_file",
+    "keygen",
+    "load_model_and_task",
+    "load_task_of_artifact",
+    "one_encrypted_sample",
+    "quantize_file",
+    "read_input",
+    "run_artifact",
+    "save_artifacts",
+    "pick_test_sample",
+    "train_model",
+]

@@ -1,4 +1,5 @@
-"""``fhe run`` and ``fhe batch`` as calls: test samples through a compiled artifact's client and server."""
+"""``fhe run`` and ``fhe batch`` as calls: test samples through a compiled artifact's client and
+server."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import numpy as np
 from fhe.errors import BadOptionError, FheError
 
 
-# ------------------------------------------------------------------------------------------ artifacts
+# ------------------------------------------------------------------------------------------
+# artifacts
 @dataclass(frozen=True)
 class ArtifactRun:
-    """One test sample through a compiled artifact: the client encrypts, the server runs, the client decrypts."""
+    """One test sample through a compiled artifact: the client encrypts, the server runs, the client
+    decrypts."""
 
     scheme: str
     sample: int
@@ -29,8 +32,10 @@ class ArtifactRun:
 
     def describe(self) -> str:
         scheme = ", CKKS" if self.scheme == "ckks" else ""
-        return (f"sample {self.sample}: label {self.label}, encrypted prediction {self.prediction} "
-                f"({self.seconds:.1f} s{scheme}); logits {np.round(self.logits, 3).tolist()}")
+        return (
+            f"sample {self.sample}: label {self.label}, encrypted prediction {self.prediction} "
+            f"({self.seconds:.1f} s{scheme}); logits {np.round(self.logits, 3).tolist()}"
+        )
 
 
 def load_task_of_artifact(meta: dict, data_dir: str | Path | None = None):
@@ -38,21 +43,29 @@ def load_task_of_artifact(meta: dict, data_dir: str | Path | None = None):
     from models.tasks import DataFileError, load_task
 
     try:
-        return load_task(meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch"))
+        return load_task(
+            meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch")
+        )
     except DataFileError as exc:
         raise BadOptionError(str(exc)) from exc
 
 
 def pick_test_sample(data, index: int, task: str) -> tuple[np.ndarray, int]:
-    """Test sample ``index`` of ``data`` and its label; :class:`BadOptionError` outside the split."""
+    """Test sample ``index`` of ``data`` and its label; :class:`BadOptionError` outside the
+    split."""
     if not 0 <= index < len(data.x_test):
-        raise BadOptionError(f"--sample must be in [0, {len(data.x_test) - 1}] for {task}, got {index}")
+        raise BadOptionError(
+            f"--sample must be in [0, {len(data.x_test) - 1}] for {task}, got {index}"
+        )
     return data.x_test[index].numpy(), int(data.y_test[index])
 
 
-def run_artifact(artifact_dir: str | Path, sample: int = 0, data_dir: str | Path | None = None) -> ArtifactRun:
-    """``fhe run``: test sample ``sample`` through ``artifact_dir``'s client and server, in this process (a
-    CKKS program planned with client-assisted refreshes gets them from the client here)."""
+def run_artifact(
+    artifact_dir: str | Path, sample: int = 0, data_dir: str | Path | None = None
+) -> ArtifactRun:
+    """``fhe run``: test sample ``sample`` through ``artifact_dir``'s client and server, in this
+    process (a CKKS program planned with client-assisted refreshes gets them from the client
+    here)."""
     from fhe.deploy.client import Client, quantize_input
 
     artifact_dir = Path(artifact_dir)
@@ -66,15 +79,20 @@ def run_artifact(artifact_dir: str | Path, sample: int = 0, data_dir: str | Path
     local = client.local
     start = time.perf_counter()
     if client.scheme == "tfhe":
-        logits = local.decrypt(server.run(local.encrypt(quantize_input(meta, x)))) * np.asarray(meta["output_scale"])
+        logits = local.decrypt(server.run(local.encrypt(quantize_input(meta, x)))) * np.asarray(
+            meta["output_scale"]
+        )
     else:
         logits = local.decrypt(server.run(local.encrypt(x[None]), local.refresh(server.context)))[0]
     seconds = time.perf_counter() - start
     notes = ()
     if meta.get("overflow_risks"):
-        notes = (f"note: compiled with calibrated ranges; {len(meta['overflow_risks'])} node(s) can overflow on "
-                 "inputs unlike the calibration set, which this client (holding no program) cannot check. "
-                 "`fhe compare` refuses such inputs; `fhe compile --ranges proven` rules them out.",)
+        notes = (
+            f"note: compiled with calibrated ranges; {len(meta['overflow_risks'])} node(s) can "
+            "overflow on inputs unlike the calibration set, which this client (holding no "
+            "program) cannot check. `fhe compare` refuses such inputs; `fhe compile --ranges "
+            "proven` rules them out.",
+        )
     return ArtifactRun(client.scheme, sample, label, np.asarray(logits).reshape(-1), seconds, notes)
 
 
@@ -98,15 +116,24 @@ class BatchOutcome:
         r = self.result
         where = "in this process" if not r.workers else f"on {r.workers} Ray workers"
         per_worker = ", ".join(f"{s:.1f}" for s in r.per_worker_setup_s)
-        return (f"{self.n} samples {where}: accuracy {self.accuracy:.4f}; setup {r.setup_s:.1f} s (per worker "
-                f"{per_worker} s), run {r.run_s:.1f} s, {self.n / r.run_s:.3f} samples/s")
+        return (
+            f"{self.n} samples {where}: accuracy {self.accuracy:.4f}; setup {r.setup_s:.1f} s (per "
+            f"worker {per_worker} s), run {r.run_s:.1f} s, {self.n / r.run_s:.3f} samples/s"
+        )
 
 
-def batch_artifact(artifact_dir: str | Path, n: int = 8, workers: int = 0, ray_address: str | None = None,
-                   block: int | None = None, data_dir: str | Path | None = None) -> BatchOutcome:
-    """``fhe batch``: the first ``n`` test samples encrypted by the client artifact, run by the server
-    artifact (here or on Ray workers) through the service's wire format, decrypted. CKKS sends ``block``
-    samples per SIMD batch (default: split evenly over the workers); TFHE one sample per request."""
+def batch_artifact(
+    artifact_dir: str | Path,
+    n: int = 8,
+    workers: int = 0,
+    ray_address: str | None = None,
+    block: int | None = None,
+    data_dir: str | Path | None = None,
+) -> BatchOutcome:
+    """``fhe batch``: the first ``n`` test samples encrypted by the client artifact, run by the
+    server artifact (here or on Ray workers) through the service's wire format, decrypted. CKKS
+    sends ``block`` samples per SIMD batch (default: split evenly over the workers); TFHE one sample
+    per request."""
     from fhe.deploy.batch import run_batch
     from fhe.deploy.client import Client
 
@@ -118,10 +145,17 @@ def batch_artifact(artifact_dir: str | Path, n: int = 8, workers: int = 0, ray_a
         groups = list(x)
     else:
         size = block or -(-len(x) // max(1, workers))
-        groups = [x[i:i + size] for i in range(0, len(x), size)]
-    result = run_batch(artifact_dir / "server", client.public_keys(), [client.encrypt(g) for g in groups], workers,
-                       ray_address)
-    logits = np.concatenate([np.asarray(client.decrypt(o)).reshape(-1, data.n_outputs) for o in result.outputs])
+        groups = [x[i : i + size] for i in range(0, len(x), size)]
+    result = run_batch(
+        artifact_dir / "server",
+        client.public_keys(),
+        [client.encrypt(g) for g in groups],
+        workers,
+        ray_address,
+    )
+    logits = np.concatenate(
+        [np.asarray(client.decrypt(o)).reshape(-1, data.n_outputs) for o in result.outputs]
+    )
     return BatchOutcome(len(x), float((logits.argmax(-1) == y).mean()), result)
 
 

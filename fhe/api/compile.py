@@ -16,26 +16,37 @@ from fhe.api.train import load_model_and_task
 from fhe.errors import BadOptionError, FheError
 from quant.config import DEFAULT_CALIB_SAMPLES
 
-CKKS_CALIB_SAMPLES = 5000  # polynomials diverge outside their intervals: the intervals must cover the tails
+CKKS_CALIB_SAMPLES = (
+    5000  # polynomials diverge outside their intervals: the intervals must cover the tails
+)
 
 
 class CircuitMismatchError(FheError):
-    """Concrete's simulation of the compiled circuit differs from the integer program it compiles."""
+    """Concrete's simulation of the compiled circuit differs from the integer program it
+    compiles."""
 
 
 class NoParametersError(FheError):
     """Concrete found no TFHE parameters for the program's widest lookup or product."""
 
 
-# ----------------------------------------------------------------------------------------- compiling
-TFHE_QUANT_OPTIONS = ("n_bits", "weight_bits", "input_bits", "attention_bits", "rounding_bits", "lut_bits",
-                      "range_mode")
+# -----------------------------------------------------------------------------------------
+# compiling
+TFHE_QUANT_OPTIONS = (
+    "n_bits",
+    "weight_bits",
+    "input_bits",
+    "attention_bits",
+    "rounding_bits",
+    "lut_bits",
+    "range_mode",
+)
 
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """``fhe compile``/``fhe compare``'s options for either scheme. TFHE quantization options left None
-    take what the model file records (``fhe train --qat-bits``), else the TFHE defaults."""
+    """``fhe compile``/``fhe compare``'s options for either scheme. TFHE quantization options left
+    None take what the model file records (``fhe train --qat-bits``), else the TFHE defaults."""
 
     scheme: str = "tfhe"
     data_dir: Path | None = None
@@ -72,7 +83,8 @@ class CompileOptions:
 
     @classmethod
     def from_mapping(cls, opts: Mapping) -> CompileOptions:
-        """The options among ``opts`` (e.g. a click command's keyword arguments), the rest ignored."""
+        """The options among ``opts`` (e.g. a click command's keyword arguments), the rest
+        ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         given = {k: v for k, v in opts.items() if k in names}
         if given.get("poly_modulus_degree") is not None:
@@ -81,12 +93,15 @@ class CompileOptions:
 
     @property
     def calib_samples(self) -> int:
-        return self.n_calib or (DEFAULT_CALIB_SAMPLES if self.scheme == "tfhe" else CKKS_CALIB_SAMPLES)
+        return self.n_calib or (
+            DEFAULT_CALIB_SAMPLES if self.scheme == "tfhe" else CKKS_CALIB_SAMPLES
+        )
 
 
 @dataclass
 class Compilation:
-    """A model file compiled for one scheme: its checkpoint, task data and :class:`~fhe.harness.CompiledModel`."""
+    """A model file compiled for one scheme: its checkpoint, task data and
+    :class:`~fhe.harness.CompiledModel`."""
 
     model_path: Path
     checkpoint: object
@@ -106,49 +121,80 @@ class Compilation:
         return self.compiled.report()
 
 
-def compile_file(model_path: str | Path, options: CompileOptions = CompileOptions(), simulate_only: bool = False,
-                 on_message: Echo = _silent) -> Compilation:
-    """Compile the model file for ``options.scheme``. ``simulate_only``: no keys will be made (TFHE: Concrete
-    compiles without key material; CKKS: a program too deep for any chain is planned with ``refresh``)."""
+def compile_file(
+    model_path: str | Path,
+    options: CompileOptions = CompileOptions(),
+    simulate_only: bool = False,
+    on_message: Echo = _silent,
+) -> Compilation:
+    """Compile the model file for ``options.scheme``. ``simulate_only``: no keys will be made (TFHE:
+    Concrete compiles without key material; CKKS: a program too deep for any chain is planned with
+    ``refresh``)."""
     ckpt, data = load_model_and_task(model_path, options.data_dir)
-    meta = {"model_path": str(model_path), "task": ckpt.task["name"],
-            "patch": (ckpt.task.get("meta") or {}).get("patch")}  # what `fhe run` needs to rebuild inputs
+    meta = {
+        "model_path": str(model_path),
+        "task": ckpt.task["name"],
+        "patch": (ckpt.task.get("meta") or {}).get("patch"),
+    }  # what `fhe run` needs to rebuild inputs
     compile_fn = _compile_tfhe if options.scheme == "tfhe" else _compile_ckks
-    compiled = compile_fn(ckpt, data.x_train[: options.calib_samples], options, meta, simulate_only, on_message)
+    compiled = compile_fn(
+        ckpt, data.x_train[: options.calib_samples], options, meta, simulate_only, on_message
+    )
     return Compilation(Path(model_path), ckpt, data, compiled, options)
 
 
-def _compile_tfhe(ckpt, calib_x, options: CompileOptions, meta: dict, simulate_only: bool, on_message: Echo):
+def _compile_tfhe(
+    ckpt, calib_x, options: CompileOptions, meta: dict, simulate_only: bool, on_message: Echo
+):
     from fhe.harness import compile_model
     from fhe.schemes import TfheParams
     from fhe.tfhe_recipe import resolve_quant
     from quant import BitWidthError, ExportError
 
     try:
-        quant = resolve_quant(ckpt.extra.get("quant"), **{k: getattr(options, k) for k in TFHE_QUANT_OPTIONS})
-        params = TfheParams(quant=quant, p_error=options.p_error, global_p_error=options.global_p_error,
-                            inputset_size=options.inputset, exact_rounding=options.rounding == "exact",
-                            ranges=options.ranges, compress_keys=options.compress_keys)
+        quant = resolve_quant(
+            ckpt.extra.get("quant"), **{k: getattr(options, k) for k in TFHE_QUANT_OPTIONS}
+        )
+        params = TfheParams(
+            quant=quant,
+            p_error=options.p_error,
+            global_p_error=options.global_p_error,
+            inputset_size=options.inputset,
+            exact_rounding=options.rounding == "exact",
+            ranges=options.ranges,
+            compress_keys=options.compress_keys,
+        )
     except ValueError as exc:
         raise BadOptionError(str(exc)) from exc
-    on_message(f"quantization: {quant.n_bits}-bit activations, {quant.w_bits}-bit weights, {quant.in_bits}-bit "
-               f"inputs, attention {quant.bits_for('block0.mix.qk')} bits, lookups <= {quant.lut_bits or 'unrounded'}"
-               f" bits, {quant.range_mode.value} ranges")
+    on_message(
+        f"quantization: {quant.n_bits}-bit activations, {quant.w_bits}-bit weights, "
+        f"{quant.in_bits}-bit inputs, attention {quant.bits_for('block0.mix.qk')} bits, lookups <= "
+        f"{quant.lut_bits or 'unrounded'} bits, {quant.range_mode.value} ranges"
+    )
     try:
-        return compile_model(ckpt.model, calib_x, params, quant, simulate_only=simulate_only,
-                             meta={**meta, "quant": quant.to_dict()})
+        return compile_model(
+            ckpt.model,
+            calib_x,
+            params,
+            quant,
+            simulate_only=simulate_only,
+            meta={**meta, "quant": quant.to_dict()},
+        )
     except (ExportError, BitWidthError, ValueError) as exc:
         raise FheError(str(exc)) from exc
     except RuntimeError as exc:
         if "NoParametersFound" not in str(exc):
             raise
         raise NoParametersError(
-            "Concrete found no TFHE parameters for the widest lookup or encrypted product of this program (see "
-            "`fhe quantize MODEL --nodes` for the widths). Narrow them: --lut-bits 4, --attention-bits 3, "
-            "--n-bits 5, or fewer tokens / a smaller --d-model when training.") from exc
+            "Concrete found no TFHE parameters for the widest lookup or encrypted product of this "
+            "program (see `fhe quantize MODEL --nodes` for the widths). Narrow them: --lut-bits 4, "
+            "--attention-bits 3, --n-bits 5, or fewer tokens / a smaller --d-model when training."
+        ) from exc
 
 
-def _compile_ckks(ckpt, calib_x, options: CompileOptions, meta: dict, simulate_only: bool, on_message: Echo):
+def _compile_ckks(
+    ckpt, calib_x, options: CompileOptions, meta: dict, simulate_only: bool, on_message: Echo
+):
     from fhe.ckks import ApproxConfig, PolynomialError
     from fhe.ckks.approx import ApproximationError
     from fhe.ckks.planner import DepthError
@@ -156,25 +202,36 @@ def _compile_ckks(ckpt, calib_x, options: CompileOptions, meta: dict, simulate_o
     from fhe.schemes import CkksParams
 
     try:
-        params = CkksParams(poly_modulus_degree=options.poly_modulus_degree, scale_bits=options.scale_bits,
-                            refresh=options.refresh, layout=options.layout,
-                            approx=ApproxConfig(reciprocal_tol=options.reciprocal_tol,
-                                                activation_tol=options.activation_tol,
-                                                max_degree=options.max_degree, margin=options.margin))
+        params = CkksParams(
+            poly_modulus_degree=options.poly_modulus_degree,
+            scale_bits=options.scale_bits,
+            refresh=options.refresh,
+            layout=options.layout,
+            approx=ApproxConfig(
+                reciprocal_tol=options.reciprocal_tol,
+                activation_tol=options.activation_tol,
+                max_degree=options.max_degree,
+                margin=options.margin,
+            ),
+        )
         try:
             return compile_model(ckpt.model, calib_x, params, meta=meta)
         except DepthError as exc:
             if not simulate_only or options.layout == "packed":
                 raise
-            on_message(f"note: {exc.summary}; simulating anyway (no encryption), parameters planned with --refresh")
+            on_message(
+                f"note: {exc.summary}; simulating anyway (no encryption), parameters planned with "
+                "--refresh"
+            )
             return compile_model(ckpt.model, calib_x, params.replace(refresh=True), meta=meta)
     except (PolynomialError, ApproximationError, DepthError, ValueError) as exc:
         raise FheError(str(exc)) from exc
 
 
 def check_circuit(c: Compilation, on_message: Echo = _silent) -> None:
-    """TFHE: Concrete's simulation must equal the integer program on the calibration set (exact rounding);
-    otherwise :class:`CircuitMismatchError` names the first diverging node. CKKS: nothing to check."""
+    """TFHE: Concrete's simulation must equal the integer program on the calibration set (exact
+    rounding); otherwise :class:`CircuitMismatchError` names the first diverging node. CKKS: nothing
+    to check."""
     if c.scheme != "tfhe":
         return
     from fhe.harness import locate_divergence
@@ -186,15 +243,18 @@ def check_circuit(c: Compilation, on_message: Echo = _silent) -> None:
     on_message("locating the first diverging node (compiling prefixes of the program) ...")
     where = locate_divergence(c.compiled, c.calib_x, check)
     raise CircuitMismatchError(
-        "the compiled circuit does not compute the integer program (Concrete's simulation differs on "
-        f"{check.n - check.n_equal} calibration samples; "
-        f"{where.describe() if where else 'no prefix of the program reproduces it'}); refusing to produce keys "
-        "or artifacts. Please report it with the model file; another --lut-bits may avoid it.")
+        "the compiled circuit does not compute the integer program (Concrete's simulation differs "
+        f"on {check.n - check.n_equal} calibration samples; "
+        f"{where.describe() if where else 'no prefix of the program reproduces it'}); refusing to "
+        "produce keys or artifacts. Please report it with the model file; another --lut-bits may "
+        "avoid it."
+    )
 
 
 def keygen(c: Compilation, on_message: Echo = _silent) -> None:
     """Generate the keys. TFHE first says the expected key size and latency and refuses
-    (:class:`~fhe.tfhe_recipe.KeysTooLargeError`, with the fixes) keys that would not fit in memory."""
+    (:class:`~fhe.tfhe_recipe.KeysTooLargeError`, with the fixes) keys that would not fit in
+    memory."""
     if c.scheme == "tfhe":
         from fhe.tfhe_recipe import preflight
 
@@ -220,9 +280,12 @@ class SampleCheck:
 
 
 def one_encrypted_sample(c: Compilation, index: int = 0) -> SampleCheck:
-    """Encrypt test sample ``index``, run, decrypt, and compare with the clear program (keys needed)."""
-    x = c.data.x_test[index: index + 1]
-    if c.scheme == "tfhe":  # integers in and out: the backend, so an overflowing sample is run, not refused
+    """Encrypt test sample ``index``, run, decrypt, and compare with the clear program (keys
+    needed)."""
+    x = c.data.x_test[index : index + 1]
+    if (
+        c.scheme == "tfhe"
+    ):  # integers in and out: the backend, so an overflowing sample is run, not refused
         x_int = c.compiled.program.quantize_input(x)
         start = time.perf_counter()
         got = c.compiled.backend.encrypt_run_decrypt(x_int[0])
@@ -237,18 +300,28 @@ def one_encrypted_sample(c: Compilation, index: int = 0) -> SampleCheck:
 
 
 def save_artifacts(c: Compilation, out_dir: str | Path, on_message: Echo = _silent) -> dict:
-    """Write ``client/`` (with the secret key) and ``server/`` (never one); makes the keys if needed."""
+    """Write ``client/`` (with the secret key) and ``server/`` (never one); makes the keys if
+    needed."""
     if not c.compiled.backend.has_keys:
         keygen(c, on_message)
     return c.compiled.save(out_dir, include_secret_key=True)
 
 
-# ------------------------------------------------------------------------------------------ comparing
-def compare_file(model_path: str | Path, options: CompileOptions = CompileOptions(), n: int = 20,
-                 mode: str = "simulate", workers: int = 0, ray_address: str | None = None,
-                 progress: Callable[[int, int], None] | None = None, on_message: Echo = _silent) -> dict:
-    """``fhe compare``: float vs clear program vs simulated (TFHE) or encrypted predictions on the first
-    ``n`` test samples. TFHE ``execute`` runs in this process or on Ray (``workers``/``ray_address``)."""
+# ------------------------------------------------------------------------------------------
+# comparing
+def compare_file(
+    model_path: str | Path,
+    options: CompileOptions = CompileOptions(),
+    n: int = 20,
+    mode: str = "simulate",
+    workers: int = 0,
+    ray_address: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    on_message: Echo = _silent,
+) -> dict:
+    """``fhe compare``: float vs clear program vs simulated (TFHE) or encrypted predictions on the
+    first ``n`` test samples. TFHE ``execute`` runs in this process or on Ray
+    (``workers``/``ray_address``)."""
     if mode not in ("simulate", "execute"):
         raise BadOptionError(f"mode must be simulate or execute, got {mode!r}")
     c = compile_file(model_path, options, simulate_only=mode == "simulate", on_message=on_message)
@@ -261,6 +334,6 @@ def compare_file(model_path: str | Path, options: CompileOptions = CompileOption
 
     if mode == "execute":
         keygen(c, on_message)
-    return compare_tfhe(c.compiled, x, y, mode, workers, ray_address, progress=progress, on_message=on_message)
-
-
+    return compare_tfhe(
+        c.compiled, x, y, mode, workers, ray_address, progress=progress, on_message=on_message
+    )

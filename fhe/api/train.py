@@ -8,7 +8,8 @@ from pathlib import Path
 from fhe.errors import BadOptionError, FheError
 
 
-# ------------------------------------------------------------------------------------------ training
+# ------------------------------------------------------------------------------------------
+# training
 @dataclass(frozen=True)
 class TrainRequest:
     """``fhe train``'s options; None takes the task preset (``models/presets.py``)."""
@@ -68,25 +69,44 @@ class TrainOutcome:
         save_checkpoint(path, self.model, self.data, **self.extra)
 
     def summary(self, output: str | Path) -> dict:
-        return {"task": self.data.name, "attention": self.attention, "metric": self.metric, "test": self.test_score,
-                "n_test": len(self.data.x_test), "params": sum(p.numel() for p in self.model.parameters()),
-                "output": str(output)}
+        return {
+            "task": self.data.name,
+            "attention": self.attention,
+            "metric": self.metric,
+            "test": self.test_score,
+            "n_test": len(self.data.x_test),
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "output": str(output),
+        }
 
 
 def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
-    """Train (or fine-tune ``req.init_path``) on ``req.task``, then QAT when ``req.qat_bits`` is set."""
+    """Train (or fine-tune ``req.init_path``) on ``req.task``, then QAT when ``req.qat_bits`` is
+    set."""
     from models.training import TrainConfig
     from models.training import train as run_training
 
     data, model_config, train_config, init_model = _training_setup(req)
     result = run_training(model_config, data, train_config, progress=progress, model=init_model)
-    outcome = TrainOutcome(result.model, data, model_config.attention.value, result.test_score, result.test_score,
-                           {"train": train_config.__dict__, "history": result.history})
+    outcome = TrainOutcome(
+        result.model,
+        data,
+        model_config.attention.value,
+        result.test_score,
+        result.test_score,
+        {"train": train_config.__dict__, "history": result.history},
+    )
     if req.qat_bits is None:
         return outcome
-    qat_config = TrainConfig(epochs=req.qat_epochs or train_config.epochs, batch_size=train_config.batch_size,
-                             lr=req.qat_lr, seed=req.seed)
-    outcome.extra.update(qat_bits=req.qat_bits, qat_method=req.qat_method, float_test=result.test_score)
+    qat_config = TrainConfig(
+        epochs=req.qat_epochs or train_config.epochs,
+        batch_size=train_config.batch_size,
+        lr=req.qat_lr,
+        seed=req.seed,
+    )
+    outcome.extra.update(
+        qat_bits=req.qat_bits, qat_method=req.qat_method, float_test=result.test_score
+    )
     if req.qat_method == "brevitas":
         from quant.qat import prepare_qat, strip_qat
 
@@ -102,8 +122,12 @@ def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
     from quant.program_qat import train_program
 
     try:
-        quant = resolve_quant(None, n_bits=req.qat_bits, attention_bits=req.qat_attention_bits,
-                              lut_bits=req.qat_lut_bits)
+        quant = resolve_quant(
+            None,
+            n_bits=req.qat_bits,
+            attention_bits=req.qat_attention_bits,
+            lut_bits=req.qat_lut_bits,
+        )
     except ValueError as exc:
         raise BadOptionError(str(exc)) from exc
     qat = train_program(result.model, data, quant, qat_config, progress=progress)
@@ -120,20 +144,38 @@ def _training_setup(req: TrainRequest):
 
     preset = PRESETS[req.task]
     try:
-        data = load_task(req.task, data_dir=req.data_dir, seq_len=req.seq_len, limit=req.limit, patch=req.patch)
+        data = load_task(
+            req.task, data_dir=req.data_dir, seq_len=req.seq_len, limit=req.limit, patch=req.patch
+        )
     except (DataFileError, ValueError) as exc:
         raise BadOptionError(str(exc)) from exc
-    power = {k: v for k, v in (("power_form", req.power_form), ("power_eps", req.power_eps)) if v is not None}
+    power = {
+        k: v
+        for k, v in (("power_form", req.power_form), ("power_eps", req.power_eps))
+        if v is not None
+    }
     try:
         model_config = config_for_task(
-            data, attention=req.attention, d_model=req.d_model or preset.d_model, n_heads=req.heads or preset.n_heads,
-            d_ff=req.d_ff, n_layers=req.layers or preset.n_layers, norm=req.norm, ffn_activation=req.ffn_activation,
-            **power)
-        train_config = TrainConfig(epochs=preset.epochs if req.epochs is None else req.epochs,
-                                   batch_size=req.batch_size or preset.batch_size, lr=req.lr or preset.lr,
-                                   seed=req.seed, range_loss_weight=req.range_loss,
-                                   act_range_loss_weight=req.act_range_loss, range_threshold=req.range_threshold,
-                                   act_range_threshold=req.act_range_threshold)
+            data,
+            attention=req.attention,
+            d_model=req.d_model or preset.d_model,
+            n_heads=req.heads or preset.n_heads,
+            d_ff=req.d_ff,
+            n_layers=req.layers or preset.n_layers,
+            norm=req.norm,
+            ffn_activation=req.ffn_activation,
+            **power,
+        )
+        train_config = TrainConfig(
+            epochs=preset.epochs if req.epochs is None else req.epochs,
+            batch_size=req.batch_size or preset.batch_size,
+            lr=req.lr or preset.lr,
+            seed=req.seed,
+            range_loss_weight=req.range_loss,
+            act_range_loss_weight=req.act_range_loss,
+            range_threshold=req.range_threshold,
+            act_range_threshold=req.act_range_threshold,
+        )
     except ValueError as exc:
         raise BadOptionError(str(exc)) from exc
     if req.init_path is None:
@@ -147,17 +189,21 @@ def _training_setup(req: TrainRequest):
         raise BadOptionError(str(exc)) from exc
     kind = base.config.attention.value
     if req.attention_given and req.attention != kind:
-        raise BadOptionError(f"--init {req.init_path} is a {kind} model; fine-tuning keeps its architecture, so "
-                             f"--attention {req.attention} cannot apply (train from scratch)")
+        raise BadOptionError(
+            f"--init {req.init_path} is a {kind} model; fine-tuning keeps its architecture, so "
+            f"--attention {req.attention} cannot apply (train from scratch)"
+        )
     model_config = base.config.replace(**power)
     init_model = Transformer(model_config)
     init_model.load_state_dict(base.state_dict())
     return data, model_config, train_config, init_model
 
 
-# ---------------------------------------------------------------------------------------- model files
+# ---------------------------------------------------------------------------------------- model
+# files
 def load_model_and_task(model_path: str | Path, data_dir: str | Path | None = None):
-    """(checkpoint, task data) for a saved model; :class:`BadOptionError` for a bad file or missing data."""
+    """(checkpoint, task data) for a saved model; :class:`BadOptionError` for a bad file or missing
+    data."""
     from models.tasks import DataFileError, load_task_of
     from models.training import load_checkpoint
 
@@ -174,10 +220,17 @@ def load_model_and_task(model_path: str | Path, data_dir: str | Path | None = No
     return ckpt, data
 
 
-def quantize_file(model_path: str | Path, config, n_calib: int = 500, data_dir: str | Path | None = None,
-                  n_test: int | None = None, policy: str = "clip"):
-    """``fhe quantize``: the model's integer program under ``config`` (a :class:`~quant.QuantConfig`), with its
-    bit widths and float vs integer accuracy on the first ``n_test`` test samples. Returns (program, summary)."""
+def quantize_file(
+    model_path: str | Path,
+    config,
+    n_calib: int = 500,
+    data_dir: str | Path | None = None,
+    n_test: int | None = None,
+    policy: str = "clip",
+):
+    """``fhe quantize``: the model's integer program under ``config`` (a
+    :class:`~quant.QuantConfig`), with its bit widths and float vs integer accuracy on the first
+    ``n_test`` test samples. Returns (program, summary)."""
     from models.training import predict
     from quant import ExportError, OverflowPolicy, RangeOverflowError, export
     from quant.report import accuracy, program_summary
@@ -193,9 +246,12 @@ def quantize_file(model_path: str | Path, config, n_calib: int = 500, data_dir: 
     except RangeOverflowError as exc:
         raise FheError(str(exc)) from exc
     summary = program_summary(program.graph)
-    summary.update(n_bits=config.n_bits, float_accuracy=accuracy(predict(ckpt.model, x).numpy(), y),
-                   int_accuracy=accuracy(program.dequantize_output(out_int), y), n_test=len(y),
-                   clipped_values=sum(clipped.values()), input_clipped=program.input_clip_count(x))
+    summary.update(
+        n_bits=config.n_bits,
+        float_accuracy=accuracy(predict(ckpt.model, x).numpy(), y),
+        int_accuracy=accuracy(program.dequantize_output(out_int), y),
+        n_test=len(y),
+        clipped_values=sum(clipped.values()),
+        input_clipped=program.input_clip_count(x),
+    )
     return program, summary
-
-

@@ -55,10 +55,15 @@ class CkksArith(Arith):
         return self._refresh_fn(a)
 
 
-def make_context(poly_modulus_degree: int, coeff_mod_bit_sizes, scale_bits: int, galois: bool = False) -> ts.Context:
+def make_context(
+    poly_modulus_degree: int, coeff_mod_bit_sizes, scale_bits: int, galois: bool = False
+) -> ts.Context:
     """A private CKKS context (secret, public and relinearisation keys; Galois keys on request)."""
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=poly_modulus_degree,
-                     coeff_mod_bit_sizes=list(coeff_mod_bit_sizes))
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS,
+        poly_modulus_degree=poly_modulus_degree,
+        coeff_mod_bit_sizes=list(coeff_mod_bit_sizes),
+    )
     ctx.global_scale = 2.0**scale_bits
     if galois:
         ctx.generate_galois_keys()
@@ -67,7 +72,11 @@ def make_context(poly_modulus_degree: int, coeff_mod_bit_sizes, scale_bits: int,
 
 def encrypt_batch(ctx: ts.Context, x: np.ndarray) -> list:
     """(B, T, F) floats → T·F ciphertexts (position-major), the batch in the slots."""
-    return [ts.ckks_vector(ctx, x[:, t, f].tolist()) for t in range(x.shape[1]) for f in range(x.shape[2])]
+    return [
+        ts.ckks_vector(ctx, x[:, t, f].tolist())
+        for t in range(x.shape[1])
+        for f in range(x.shape[2])
+    ]
 
 
 def decrypt_all(ctx: ts.Context, cts: list) -> np.ndarray:
@@ -76,16 +85,22 @@ def decrypt_all(ctx: ts.Context, cts: list) -> np.ndarray:
 
 
 def refresher(client_ctx: ts.Context, server_ctx: ts.Context):
-    """Client-assisted refresh: the data owner decrypts and re-encrypts a ciphertext (opt-in, counted)."""
+    """Client-assisted refresh: the data owner decrypts and re-encrypts a ciphertext (opt-in,
+    counted)."""
+
     def refresh(ct):
         fresh = ts.ckks_vector(client_ctx, ct.decrypt(client_ctx.secret_key()))
         fresh.link_context(server_ctx)
         return fresh
+
     return refresh
 
 
-def run_program(program: PolyProgram, server_ctx: ts.Context, cts: list, max_depth: int, refresh_fn=None):
-    """The server's part: link the inputs to the public context and evaluate; returns (outputs, arith)."""
+def run_program(
+    program: PolyProgram, server_ctx: ts.Context, cts: list, max_depth: int, refresh_fn=None
+):
+    """The server's part: link the inputs to the public context and evaluate; returns (outputs,
+    arith)."""
     for ct in cts:
         ct.link_context(server_ctx)  # from here on, no secret key is reachable
     ar = CkksArith(max_depth, refresh_fn)
@@ -94,10 +109,20 @@ def run_program(program: PolyProgram, server_ctx: ts.Context, cts: list, max_dep
 
 def public_context(ctx: ts.Context) -> ts.Context:
     """The server's copy: public and relinearisation keys, never the secret key."""
-    server = ts.context_from(ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
-                                           save_relin_keys=True))
-    if not server.is_public() or server.has_secret_key():  # a real check: asserts vanish under python -O
-        raise SecretKeyLeakError("the server's CKKS context still holds the secret key; refusing to use it")
+    server = ts.context_from(
+        ctx.serialize(
+            save_public_key=True,
+            save_secret_key=False,
+            save_galois_keys=False,
+            save_relin_keys=True,
+        )
+    )
+    if (
+        not server.is_public() or server.has_secret_key()
+    ):  # a real check: asserts vanish under python -O
+        raise SecretKeyLeakError(
+            "the server's CKKS context still holds the secret key; refusing to use it"
+        )
     return server
 
 
@@ -106,8 +131,16 @@ class CkksBackend:
     scheme = Scheme.CKKS
     layout = "batch"
 
-    def __init__(self, program: PolyProgram, params: CkksParams, plan: CkksPlan, planned: dict, meta: dict) -> None:
-        self.program, self.params, self.plan, self.planned, self.meta = program, params, plan, planned, meta
+    def __init__(
+        self, program: PolyProgram, params: CkksParams, plan: CkksPlan, planned: dict, meta: dict
+    ) -> None:
+        self.program, self.params, self.plan, self.planned, self.meta = (
+            program,
+            params,
+            plan,
+            planned,
+            meta,
+        )
         self.client_ctx: ts.Context | None = None
         self.server_ctx: ts.Context | None = None
         self.timings_s: dict[str, float] = {}
@@ -138,17 +171,41 @@ class CkksBackend:
         if self.client_ctx is not None and not force:
             return
         start = time.perf_counter()
-        ctx = make_context(self.plan.poly_modulus_degree, self.plan.coeff_mod_bit_sizes, self.plan.scale_bits)
+        ctx = make_context(
+            self.plan.poly_modulus_degree, self.plan.coeff_mod_bit_sizes, self.plan.scale_bits
+        )
         self.client_ctx, self.server_ctx = ctx, public_context(ctx)
         self.timings_s["keygen"] = time.perf_counter() - start
-        public = len(ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
-                                   save_relin_keys=False))
-        with_relin = len(ctx.serialize(save_public_key=True, save_secret_key=False, save_galois_keys=False,
-                                       save_relin_keys=True))
-        with_secret = len(ctx.serialize(save_public_key=True, save_secret_key=True, save_galois_keys=False,
-                                        save_relin_keys=False))
-        self.key_sizes_bytes = {"public_context": public, "relin_keys": with_relin - public,
-                                "secret_key": with_secret - public, "galois_keys": 0}
+        public = len(
+            ctx.serialize(
+                save_public_key=True,
+                save_secret_key=False,
+                save_galois_keys=False,
+                save_relin_keys=False,
+            )
+        )
+        with_relin = len(
+            ctx.serialize(
+                save_public_key=True,
+                save_secret_key=False,
+                save_galois_keys=False,
+                save_relin_keys=True,
+            )
+        )
+        with_secret = len(
+            ctx.serialize(
+                save_public_key=True,
+                save_secret_key=True,
+                save_galois_keys=False,
+                save_relin_keys=False,
+            )
+        )
+        self.key_sizes_bytes = {
+            "public_context": public,
+            "relin_keys": with_relin - public,
+            "secret_key": with_secret - public,
+            "galois_keys": 0,
+        }
 
     def _require_keys(self) -> None:
         if self.client_ctx is None:
@@ -162,7 +219,9 @@ class CkksBackend:
         if x.ndim == 2:
             x = x[None]
         if x.shape[0] > self.plan.slots:
-            raise ValueError(f"{x.shape[0]} samples exceed the {self.plan.slots} slots of one ciphertext")
+            raise ValueError(
+                f"{x.shape[0]} samples exceed the {self.plan.slots} slots of one ciphertext"
+            )
         start = time.perf_counter()
         cts = encrypt_batch(self.client_ctx, x)
         self.timings_s["encrypt"] = time.perf_counter() - start
@@ -199,19 +258,34 @@ class CkksBackend:
     def report(self) -> dict:
         planned = self.planned
         rep = {
-            "scheme": "ckks", "seq_len": self.program.config.seq_len, "layout": "batch",
-            "layout_reason": "batch: SIMD over samples, up to N/2 samples per run at the cost of one, no rotations "
-                             "(--layout packed: the latency of one query)",
-            "depth": planned["depth"], "depth_per_tag": planned["level_after_tag"],
+            "scheme": "ckks",
+            "seq_len": self.program.config.seq_len,
+            "layout": "batch",
+            "layout_reason": "batch: SIMD over samples, up to N/2 samples per run at the cost of "
+            "one, no rotations "
+            "(--layout packed: the latency of one query)",
+            "depth": planned["depth"],
+            "depth_per_tag": planned["level_after_tag"],
             "poly_modulus_degree": self.plan.poly_modulus_degree,
-            "coeff_mod_bit_sizes": list(self.plan.coeff_mod_bit_sizes), "scale_bits": self.plan.scale_bits,
-            "security_bits": self.plan.security_bits, "slots": self.plan.slots,
+            "coeff_mod_bit_sizes": list(self.plan.coeff_mod_bit_sizes),
+            "scale_bits": self.plan.scale_bits,
+            "security_bits": self.plan.security_bits,
+            "slots": self.plan.slots,
             "client_assisted_refresh": self.plan.refresh,
-            "program_depth_without_refresh": planned.get("program_depth_without_refresh", planned["depth"]),
-            "op_counts": planned["op_counts"], "op_counts_per_tag": planned["op_counts_per_tag"],
-            "approximations": {k: {a: b for a, b in v.items() if a != "coeffs"} for k, v in self.program.ops.items()},
+            "program_depth_without_refresh": planned.get(
+                "program_depth_without_refresh", planned["depth"]
+            ),
+            "op_counts": planned["op_counts"],
+            "op_counts_per_tag": planned["op_counts_per_tag"],
+            "approximations": {
+                k: {a: b for a, b in v.items() if a != "coeffs"}
+                for k, v in self.program.ops.items()
+            },
             "key_sizes_bytes": dict(self.key_sizes_bytes),
-            "timings_s": {**self.timings_s, **{f"stage.{k}": v for k, v in self.last_run.get("stages_s", {}).items()}},
+            "timings_s": {
+                **self.timings_s,
+                **{f"stage.{k}": v for k, v in self.last_run.get("stages_s", {}).items()},
+            },
             **{k: v for k, v in self.meta.items() if k in ("task", "model_path")},
         }
         if self.last_run:
@@ -225,7 +299,8 @@ class CkksBackend:
         """Layout-specific server files (the packed layout's Galois keys)."""
 
     def _save_client_extras(self, client: Path) -> None:
-        """Layout-specific client files (the packed layout's Galois keys, to upload to a service)."""
+        """Layout-specific client files (the packed layout's Galois keys, to upload to a
+        service)."""
 
     def save(self, directory, include_secret_key: bool = False) -> dict:
         """server/: public context + program; client/: context with the secret key (on request)."""
@@ -249,13 +324,20 @@ class CkksBackend:
 
 
 def plan_program(program: PolyProgram, x: np.ndarray, params: CkksParams) -> tuple[CkksPlan, dict]:
-    """Depth and operation counts from a clear run (the program's structure does not depend on data),
-    then the parameters; with refresh, a second clear run under the chain's depth counts the refreshes."""
+    """Depth and operation counts from a clear run (the program's structure does not depend on
+    data), then the parameters; with refresh, a second clear run under the chain's depth counts the
+    refreshes."""
     ar = ClearArith()
     program.clear(x, ar)
     summary = ar.summary()
-    plan = plan_parameters(summary["depth"], params.scale_bits, params.outer_bits, params.poly_modulus_degree,
-                           params.refresh, summary["level_after_tag"])
+    plan = plan_parameters(
+        summary["depth"],
+        params.scale_bits,
+        params.outer_bits,
+        params.poly_modulus_degree,
+        params.refresh,
+        summary["level_after_tag"],
+    )
     if plan.depth < summary["depth"]:
         full_depth = summary["depth"]
         ar = ClearArith(max_depth=plan.depth, refresh=True)
@@ -266,7 +348,8 @@ def plan_program(program: PolyProgram, x: np.ndarray, params: CkksParams) -> tup
 
 
 class CkksServer:
-    """The server side from ``save()``'s server/ folder: program + public context (no secret key)."""
+    """The server side from ``save()``'s server/ folder: program + public context (no secret
+    key)."""
 
     def __init__(self, directory) -> None:
         directory = Path(directory)
@@ -279,7 +362,8 @@ class CkksServer:
         self.plan = self.meta["plan"]
 
     def run(self, cts: list, refresh_fn=None) -> list:
-        """``refresh_fn`` (the client's decrypt-and-re-encrypt) only when the plan was compiled with it."""
+        """``refresh_fn`` (the client's decrypt-and-re-encrypt) only when the plan was compiled with
+        it."""
         refresh = refresh_fn if self.plan["client_assisted_refresh"] else None
         return run_program(self.program, self.context, cts, self.plan["max_depth"], refresh)[0]
 
@@ -294,7 +378,9 @@ class CkksClient:
         self.meta = json.loads((directory / "meta.json").read_text())
 
     def encrypt(self, x: np.ndarray) -> list:
-        return encrypt_batch(self.context, np.asarray(x, dtype=np.float64).reshape(-1, *np.shape(x)[-2:]))
+        return encrypt_batch(
+            self.context, np.asarray(x, dtype=np.float64).reshape(-1, *np.shape(x)[-2:])
+        )
 
     def decrypt(self, cts: list) -> np.ndarray:
         return decrypt_all(self.context, cts)
@@ -304,7 +390,8 @@ class CkksClient:
 
     # what a service receives (fhe/deploy): the libraries' own serialisations, never pickles
     def public_keys(self) -> bytes:
-        """The public context (public and relinearisation keys): the evaluation keys a server needs."""
+        """The public context (public and relinearisation keys): the evaluation keys a server
+        needs."""
         return self.context.serialize(save_secret_key=False)
 
     def to_wire(self, cts: list) -> list[bytes]:

@@ -1,9 +1,9 @@
 """CKKS backend, packed layout: one sample per ciphertext, rotations by SEAL (fhe/ckks/packed.py).
 
-The batch layout (fhe/backends/ckks.py) costs the same for 1 or N/2 samples; this one answers a single
-query. The clear packed run plans everything before keygen: depth (hence N), operation counts and the
-rotation steps, for which exactly one Galois key each is made. The server gets the public context
-(public and relinearisation keys) and the Galois keys, never the secret key.
+The batch layout (fhe/backends/ckks.py) costs the same for 1 or N/2 samples; this one answers a
+single query. The clear packed run plans everything before keygen: depth (hence N), operation counts
+and the rotation steps, for which exactly one Galois key each is made. The server gets the public
+context (public and relinearisation keys) and the Galois keys, never the secret key.
 """
 
 from __future__ import annotations
@@ -50,40 +50,64 @@ def open_client(folder: str | Path) -> CkksClient:
     return (PackedClient if is_packed(folder) else CkksClient)(folder)
 
 
-WHY = ("packed: one sample's activations in the slots of one ciphertext, linear maps by BSGS rotations; "
-       "latency of one query (--layout batch: N/2 samples per run at the cost of one)")
+WHY = (
+    "packed: one sample's activations in the slots of one ciphertext, linear maps by BSGS "
+    "rotations; latency of one query (--layout batch: N/2 samples per run at the cost of one)"
+)
 
 
 def plan_packed(program: PolyProgram, x: np.ndarray, params: CkksParams) -> tuple[CkksPlan, dict]:
     """Depth, operation counts and rotation steps from a clear packed run, then the parameters."""
     if params.refresh:
-        raise FheError("the packed layout runs without client-assisted refresh; drop --refresh or use --layout batch")
-    sizes = [params.poly_modulus_degree] if params.poly_modulus_degree else sorted(MAX_COEFF_BITS_128)
-    for n in sizes:  # the layout depends on the slots (packed attention or not), the slots on the depth
-        if n // 2 < min_slots(program) or (n != sizes[-1] and max_depth(n, params.scale_bits, params.outer_bits) < 1):
+        raise FheError(
+            "the packed layout runs without client-assisted refresh; drop --refresh or use "
+            "--layout batch"
+        )
+    sizes = (
+        [params.poly_modulus_degree] if params.poly_modulus_degree else sorted(MAX_COEFF_BITS_128)
+    )
+    for (
+        n
+    ) in sizes:  # the layout depends on the slots (packed attention or not), the slots on the depth
+        if n // 2 < min_slots(program) or (
+            n != sizes[-1] and max_depth(n, params.scale_bits, params.outer_bits) < 1
+        ):
             continue
         probe = PackedProgram(program, n // 2)
         ar = ClearArith()
         probe.forward(ar, ar.encode(probe.encode_input(x)))
         summary = ar.summary()
         if n == sizes[-1] or max_depth(n, params.scale_bits, params.outer_bits) >= summary["depth"]:
-            return plan_parameters(summary["depth"], params.scale_bits, params.outer_bits, n, False,
-                                   summary["level_after_tag"]), summary
-    raise DepthError(f"the packed program needs {min_slots(program)} slots, more than N = {sizes[-1]} has")
+            return plan_parameters(
+                summary["depth"],
+                params.scale_bits,
+                params.outer_bits,
+                n,
+                False,
+                summary["level_after_tag"],
+            ), summary
+    raise DepthError(
+        f"the packed program needs {min_slots(program)} slots, more than N = {sizes[-1]} has"
+    )
 
 
 class PackedCkksBackend(CkksBackend):
-    """The batch backend's keys, report and artifacts, with the packed program, Galois keys and SEAL runs."""
+    """The batch backend's keys, report and artifacts, with the packed program, Galois keys and SEAL
+    runs."""
 
     layout = "packed"
 
-    def __init__(self, program: PolyProgram, params: CkksParams, plan: CkksPlan, planned: dict, meta: dict) -> None:
+    def __init__(
+        self, program: PolyProgram, params: CkksParams, plan: CkksPlan, planned: dict, meta: dict
+    ) -> None:
         super().__init__(program, params, plan, planned, meta)
         self.packed = PackedProgram(program, plan.slots)
         self.galois_keys = None
 
     @classmethod
-    def compile(cls, model, calib_x, params: CkksParams, meta: dict | None = None) -> PackedCkksBackend:
+    def compile(
+        cls, model, calib_x, params: CkksParams, meta: dict | None = None
+    ) -> PackedCkksBackend:
         start = time.perf_counter()
         program = build_program(model, calib_x, params.approx)
         check_packed(program)
@@ -103,11 +127,15 @@ class PackedCkksBackend(CkksBackend):
             return
         start = time.perf_counter()
         super().keygen(force=True)
-        self.galois_keys = make_galois_keys(self.client_ctx, self.rotation_steps, self.plan.poly_modulus_degree)
+        self.galois_keys = make_galois_keys(
+            self.client_ctx, self.rotation_steps, self.plan.poly_modulus_degree
+        )
         self.timings_s["keygen"] = time.perf_counter() - start
-        self.key_sizes_bytes["galois_keys"] = galois_keys_memory(len(self.rotation_steps),
-                                                                 self.plan.poly_modulus_degree,
-                                                                 len(self.plan.coeff_mod_bit_sizes))
+        self.key_sizes_bytes["galois_keys"] = galois_keys_memory(
+            len(self.rotation_steps),
+            self.plan.poly_modulus_degree,
+            len(self.plan.coeff_mod_bit_sizes),
+        )
 
     # ------------------------------------------------------------------ client side
     def encrypt(self, x: np.ndarray | torch.Tensor) -> list:
@@ -132,12 +160,18 @@ class PackedCkksBackend(CkksBackend):
 
     # ------------------------------------------------------------------ server side
     def run(self, cts: list) -> list:
-        """One program run per ciphertext (sample); ``timings_s['run']`` is the last one's latency."""
+        """One program run per ciphertext (sample); ``timings_s['run']`` is the last one's
+        latency."""
         self._require_keys()
         out = []
         for ct in cts:
-            ar = SealArith(self.server_ctx, self.galois_keys, self.plan.scale_bits, self.plan.depth,
-                           self.packed.plain_cache)
+            ar = SealArith(
+                self.server_ctx,
+                self.galois_keys,
+                self.plan.scale_bits,
+                self.plan.depth,
+                self.packed.plain_cache,
+            )
             start = time.perf_counter()
             out.append(self.packed.forward(ar, Val(ct, 0)).data)
             self.timings_s["run"] = time.perf_counter() - start
@@ -151,21 +185,36 @@ class PackedCkksBackend(CkksBackend):
     # ------------------------------------------------------------------ report and artifacts
     def report(self) -> dict:
         rep = super().report()
-        rep.update(layout="packed", layout_reason=WHY, rotation_steps=list(self.rotation_steps),
-                   galois_keys_count=len(self.rotation_steps))
+        rep.update(
+            layout="packed",
+            layout_reason=WHY,
+            rotation_steps=list(self.rotation_steps),
+            galois_keys_count=len(self.rotation_steps),
+        )
         return rep
 
     def _artifact_meta(self) -> dict:
         cfg = self.program.config
-        return {"layout": "packed", "plan": self.plan.to_dict(), "rotation_steps": self.rotation_steps,
-                "io": {"seq_len": cfg.seq_len, "in_features": cfg.in_features, "n_outputs": cfg.n_outputs,
-                       "stride": self.packed.stride, "block": self.packed.block}}
+        return {
+            "layout": "packed",
+            "plan": self.plan.to_dict(),
+            "rotation_steps": self.rotation_steps,
+            "io": {
+                "seq_len": cfg.seq_len,
+                "in_features": cfg.in_features,
+                "n_outputs": cfg.n_outputs,
+                "stride": self.packed.stride,
+                "block": self.packed.block,
+            },
+        }
 
     def _save_server_extras(self, server: Path) -> None:
         self.galois_keys.save(str(server / "galois.keys"))
 
     def _save_client_extras(self, client: Path) -> None:
-        self.galois_keys.save(str(client / "galois.keys"))  # evaluation keys: what the client uploads to serve
+        self.galois_keys.save(
+            str(client / "galois.keys")
+        )  # evaluation keys: what the client uploads to serve
 
 
 class PackedServer(CkksServer):
@@ -179,11 +228,13 @@ class PackedServer(CkksServer):
 
     @property
     def galois_keys(self) -> sa.GaloisKeys:
-        """The artifact's own Galois keys, loaded on first use: a service runs with the keys its clients
-        upload, and need not hold these (GBs at N = 32768) beside them."""
+        """The artifact's own Galois keys, loaded on first use: a service runs with the keys its
+        clients upload, and need not hold these (GBs at N = 32768) beside them."""
         if self._galois_keys is None:
             self._galois_keys = sa.GaloisKeys()
-            self._galois_keys.load(self.context.seal_context().data, str(self.directory / "galois.keys"))
+            self._galois_keys.load(
+                self.context.seal_context().data, str(self.directory / "galois.keys")
+            )
         return self._galois_keys
 
     def run(self, cts: list, refresh_fn=None, keys: tuple | None = None) -> list:
@@ -192,7 +243,13 @@ class PackedServer(CkksServer):
         ctx, galois = keys or (self.context, self.galois_keys)
         out = []
         for ct in cts:
-            ar = SealArith(ctx, galois, self.plan["scale_bits"], self.plan["max_depth"], self.packed.plain_cache)
+            ar = SealArith(
+                ctx,
+                galois,
+                self.plan["scale_bits"],
+                self.plan["max_depth"],
+                self.packed.plain_cache,
+            )
             out.append(self.packed.forward(ar, Val(ct, 0)).data)
         return out
 
@@ -204,8 +261,8 @@ class PackedServer(CkksServer):
 
 
 class PackedClient(CkksClient):
-    """The data owner from ``save()``'s client/ folder: the secret context, its Galois keys (to upload)
-    and the input/output layouts (not the model's weights)."""
+    """The data owner from ``save()``'s client/ folder: the secret context, its Galois keys (to
+    upload) and the input/output layouts (not the model's weights)."""
 
     def __init__(self, directory) -> None:
         super().__init__(directory)
@@ -237,9 +294,12 @@ class PackedClient(CkksClient):
         return [from_bytes(sa.Ciphertext, self.context, item) for item in items]
 
     def galois_keys_bytes(self) -> bytes:
-        """The Galois keys made at compile time (SEAL's serialisation), or new ones for the planned steps."""
+        """The Galois keys made at compile time (SEAL's serialisation), or new ones for the planned
+        steps."""
         path = self.directory / "galois.keys"
         if path.exists():
             return path.read_bytes()
-        keys = make_galois_keys(self.context, self.meta["rotation_steps"], self.meta["plan"]["poly_modulus_degree"])
+        keys = make_galois_keys(
+            self.context, self.meta["rotation_steps"], self.meta["plan"]["poly_modulus_degree"]
+        )
         return to_bytes(keys)

@@ -6,5 +6,15 @@ from fhe.ckks.arith import Arith, ClearArith, DepthExceededError, Val
 from fhe.ckks.planner import CkksPlan, plan_parameters
 from fhe.ckks.program import PolynomialError, PolyProgram, build_program
 
-__all__ = ["ApproxConfig", "Arith", "ClearArith", "CkksPlan", "DepthExceededError", "PolyProgram",
-           "PolynomialError", "Val", "build_program", "plan_parameters"]
+__all__ = [
+    "ApproxConfig",
+    "Arith",
+    "ClearArith",
+    "CkksPlan",
+    "DepthExceededError",
+    "PolyProgram",
+    "PolynomialError",
+    "Val",
+    "build_program",
+    "plan_parameters",
+]

@@ -1,5 +1,5 @@
-"""Lazy affine maps of ciphertext values: consecutive clear linear layers compose in the clear and cost
-one level only when a non-linear operation needs their value (see fhe/ckks/program.py)."""
+"""Lazy affine maps of ciphertext values: consecutive clear linear layers compose in the clear and
+cost one level only when a non-linear operation needs their value (see fhe/ckks/program.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def per_position(w: np.ndarray, seq_len: int) -> np.ndarray:
 
 @dataclass
 class Affine:
-    """y = Σₖ Mₖ·xₖ + b over lists of materialised values xₖ: no ciphertext operation until needed."""
+    """y = Σₖ Mₖ·xₖ + b over lists of materialised values xₖ: no ciphertext operation until
+    needed."""
 
     terms: list[tuple[list[Val], np.ndarray]]
     bias: np.ndarray

@@ -7,7 +7,8 @@
 - 1/√z (LayerNorm): Newton iterations y ← y(3 − z y²)/2 from a linear first guess on the calibrated
   interval; the count is the smallest that meets the tolerance on a dense grid of the interval.
 - GELU(x) = x·sigmoid(1.702x) (App. C, Eq. 10): a Chebyshev fit of the sigmoid on the calibrated
-  interval, degree the smallest whose error bound meets the tolerance; ReLU by a direct Chebyshev fit.
+  interval, degree the smallest whose error bound meets the tolerance; ReLU by a direct Chebyshev
+  fit.
 
 Every approximation is evaluated through an :class:`~fhe.ckks.arith.Arith`, so the clear reference,
 the depth planner and the encrypted run execute the very same polynomial operations.
@@ -45,20 +46,25 @@ class ApproxConfig:
     max_degree: int = 31
     max_iterations: int = 20
     margin: float = 0.2
-    reciprocal_headroom: float = 2.0  # < 2 trades depth for convergence beyond the calibrated interval
+    reciprocal_headroom: float = (
+        2.0  # < 2 trades depth for convergence beyond the calibrated interval
+    )
 
     def __post_init__(self) -> None:
         for name in ("reciprocal_tol", "invsqrt_tol", "activation_tol"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in (0, 1), got {getattr(self, name)}")
         if not 1 < self.reciprocal_headroom <= 2:
-            raise ValueError(f"reciprocal_headroom must be in (1, 2], got {self.reciprocal_headroom}")
+            raise ValueError(
+                f"reciprocal_headroom must be in (1, 2], got {self.reciprocal_headroom}"
+            )
         if self.max_degree < 1 or self.max_iterations < 1 or self.margin < 0:
             raise ValueError(f"invalid approximation settings: {self}")
 
 
 def widen(lo: float, hi: float, margin: float, positive: bool = False) -> tuple[float, float]:
-    """[lo, hi] widened by ``margin`` of its width each side (multiplicatively for positive intervals)."""
+    """[lo, hi] widened by ``margin`` of its width each side (multiplicatively for positive
+    intervals)."""
     if positive:
         return lo / (1 + margin), hi * (1 + margin)
     pad = margin * max(hi - lo, 1e-6)
@@ -67,37 +73,49 @@ def widen(lo: float, hi: float, margin: float, positive: bool = False) -> tuple[
 
 # ---------------------------------------------------------------------------------------------- 1/x
 def goldschmidt_scale(lo: float, hi: float, headroom: float = 2.0) -> float:
-    """D such that a/D covers [lo, hi] around 1 (the midpoint: fewest iterations) but ends at most at
-    ``headroom`` < 2: Goldschmidt diverges for a/D ≥ 2, so with headroom 1.5 an input a third above
-    the (already widened) interval still converges instead of exploding, for a little more depth."""
+    """D such that a/D covers [lo, hi] around 1 (the midpoint: fewest iterations) but ends at most
+    at ``headroom`` < 2: Goldschmidt diverges for a/D ≥ 2, so with headroom 1.5 an input a third
+    above the (already widened) interval still converges instead of exploding, for a little more
+    depth."""
     return max((lo + hi) / 2, hi / headroom)
 
 
 def goldschmidt_iterations(lo: float, hi: float, tol: float, max_iterations: int) -> int:
     """Smallest n with r^(2ⁿ⁺¹) ≤ tol, r = max |1 − a| over the scaled interval [lo, hi]."""
     if not 0 < lo <= hi:
-        raise ApproximationError(f"Goldschmidt 1/x needs a positive interval, got [{lo:.3g}, {hi:.3g}]")
+        raise ApproximationError(
+            f"Goldschmidt 1/x needs a positive interval, got [{lo:.3g}, {hi:.3g}]"
+        )
     r = max(1 - lo, hi - 1)
     if r >= 1:
-        raise ApproximationError(f"Goldschmidt 1/x does not converge on [{lo:.3g}, {hi:.3g}] (needs (0, 2))")
+        raise ApproximationError(
+            f"Goldschmidt 1/x does not converge on [{lo:.3g}, {hi:.3g}] (needs (0, 2))"
+        )
     if r == 0:
         return 0
     n = max(0, math.ceil(math.log2(math.log(tol) / math.log(r))) - 1)
     if n > max_iterations:
         raise ApproximationError(
-            f"1/x on [{lo:.3g}, {hi:.3g}] (ratio {hi / lo:.0f}) needs {n} Goldschmidt iterations for relative "
-            f"error {tol:g} (limit {max_iterations}); shrink the interval (range-loss fine-tuning, a larger ε) "
-            "or relax the tolerance")
+            f"1/x on [{lo:.3g}, {hi:.3g}] (ratio {hi / lo:.0f}) needs {n} Goldschmidt iterations "
+            f"for relative error {tol:g} (limit {max_iterations}); shrink the interval (range-loss "
+            "fine-tuning, a larger ε) or relax the tolerance"
+        )
     return n
 
 
-def plan_reciprocal(lo: float, hi: float, tol: float, margin: float, headroom: float = 2.0,
-                    max_iterations: int = 20) -> dict:
-    """Goldschmidt settings for a calibrated range [lo, hi]: widen it, scale it around 1, count iterations."""
+def plan_reciprocal(
+    lo: float, hi: float, tol: float, margin: float, headroom: float = 2.0, max_iterations: int = 20
+) -> dict:
+    """Goldschmidt settings for a calibrated range [lo, hi]: widen it, scale it around 1, count
+    iterations."""
     lo_w, hi_w = widen(lo, hi, margin, positive=True)
     scale = goldschmidt_scale(lo_w, hi_w, headroom)
-    return {"calibrated": [lo, hi], "scale": scale, "interval": [lo_w / scale, hi_w / scale],
-            "iterations": goldschmidt_iterations(lo_w / scale, hi_w / scale, tol, max_iterations)}
+    return {
+        "calibrated": [lo, hi],
+        "scale": scale,
+        "interval": [lo_w / scale, hi_w / scale],
+        "iterations": goldschmidt_iterations(lo_w / scale, hi_w / scale, tol, max_iterations),
+    }
 
 
 def goldschmidt_reciprocal(ar: Arith, a: Val, n_iterations: int) -> Val:
@@ -110,7 +128,8 @@ def goldschmidt_reciprocal(ar: Arith, a: Val, n_iterations: int) -> Val:
     return y
 
 
-# ----------------------------------------------------------------------------------------- 1/sqrt(z)
+# -----------------------------------------------------------------------------------------
+# 1/sqrt(z)
 def invsqrt_guess(lo: float, hi: float) -> tuple[float, float]:
     """Least-squares line c₀ + c₁z for 1/√z on [lo, hi] (Newton's starting point)."""
     z = np.linspace(lo, hi, 512)
@@ -138,8 +157,10 @@ def invsqrt_iterations(lo: float, hi: float, tol: float, max_iterations: int) ->
         if np.max(np.abs(y * np.sqrt(z) - 1)) <= tol:
             return n
     raise ApproximationError(
-        f"1/sqrt on [{lo:.3g}, {hi:.3g}] (ratio {hi / lo:.0f}) does not reach relative error {tol:g} in "
-        f"{max_iterations} Newton iterations; shrink the LayerNorm variance range (range loss) or relax the tolerance")
+        f"1/sqrt on [{lo:.3g}, {hi:.3g}] (ratio {hi / lo:.0f}) does not reach relative error "
+        f"{tol:g} in {max_iterations} Newton iterations; shrink the LayerNorm variance range "
+        "(range loss) or relax the tolerance"
+    )
 
 
 # ------------------------------------------------------------------------------------ activations
@@ -159,7 +180,8 @@ def gelu_sigmoid(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PolyFit:
-    """p(t) = Σ coeffs[k]·tᵏ with t = (x − mid)/half ∈ [−1, 1] (the map is folded into the producer)."""
+    """p(t) = Σ coeffs[k]·tᵏ with t = (x − mid)/half ∈ [−1, 1] (the map is folded into the
+    producer)."""
 
     coeffs: tuple[float, ...]
     mid: float
@@ -171,13 +193,19 @@ class PolyFit:
         return len(self.coeffs) - 1
 
 
-def chebyshev_fit(fn: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, tol: float, max_degree: int,
-                  error_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
-                  name: str = "function") -> PolyFit:
+def chebyshev_fit(
+    fn: Callable[[np.ndarray], np.ndarray],
+    lo: float,
+    hi: float,
+    tol: float,
+    max_degree: int,
+    error_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    name: str = "function",
+) -> PolyFit:
     """The lowest-degree Chebyshev interpolant of ``fn`` on [lo, hi] whose max error is ≤ tol.
 
-    ``error_fn(x, p(t))`` turns the fitted values into the error that matters (for GELU, the error of
-    x·p instead of p); by default |p − fn|.
+    ``error_fn(x, p(t))`` turns the fitted values into the error that matters (for GELU, the error
+    of x·p instead of p); by default |p − fn|.
     """
     mid, half = (lo + hi) / 2, max((hi - lo) / 2, 1e-9)
     t = np.cos(np.linspace(0, np.pi, 4001))  # dense, endpoint-heavy grid of [-1, 1]
@@ -193,15 +221,23 @@ def chebyshev_fit(fn: Callable[[np.ndarray], np.ndarray], lo: float, hi: float, 
         if err <= tol:
             return best
     raise ApproximationError(
-        f"{name} on [{lo:.3g}, {hi:.3g}] needs a polynomial of degree > {max_degree} for error {tol:g} "
-        f"(degree {best.degree} reaches {best.max_error:.3g}); shrink the interval with range-loss fine-tuning "
-        "or relax the tolerance")
+        f"{name} on [{lo:.3g}, {hi:.3g}] needs a polynomial of degree > {max_degree} for error "
+        f"{tol:g} (degree {best.degree} reaches {best.max_error:.3g}); shrink the interval with "
+        "range-loss fine-tuning or relax the tolerance"
+    )
 
 
 def gelu_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
     """Fit q(t) ≈ sigmoid(1.702x); GELU is then x·q(t), error measured on x·q."""
-    return chebyshev_fit(lambda x: sigmoid(1.702 * x), lo, hi, tol, max_degree,
-                         error_fn=lambda x, q: x * q - gelu_sigmoid(x), name="GELU")
+    return chebyshev_fit(
+        lambda x: sigmoid(1.702 * x),
+        lo,
+        hi,
+        tol,
+        max_degree,
+        error_fn=lambda x, q: x * q - gelu_sigmoid(x),
+        name="GELU",
+    )
 
 
 def relu_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
@@ -209,24 +245,40 @@ def relu_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
 
 
 def abs_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
-    """|x| with error ≤ tol · max|x| on the interval (the Inhibitor's Manhattan distances, Eq. 5)."""
+    """|x| with error ≤ tol · max|x| on the interval (the Inhibitor's Manhattan distances, Eq.
+    5)."""
     return chebyshev_fit(np.abs, lo, hi, tol * max(abs(lo), abs(hi)), max_degree, name="|x|")
 
 
 def inhibit_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
-    """ReLU with error ≤ tol · max|x| (the Inhibitor's (·)⁺ of Eqs. 5-7, on intervals far wider than 1)."""
-    return chebyshev_fit(lambda x: np.maximum(x, 0.0), lo, hi, tol * max(abs(lo), abs(hi)), max_degree,
-                         name="ReLU (inhibition)")
+    """ReLU with error ≤ tol · max|x| (the Inhibitor's (·)⁺ of Eqs. 5-7, on intervals far wider than
+    1)."""
+    return chebyshev_fit(
+        lambda x: np.maximum(x, 0.0),
+        lo,
+        hi,
+        tol * max(abs(lo), abs(hi)),
+        max_degree,
+        name="ReLU (inhibition)",
+    )
 
 
 def exp_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
     """exp with *relative* error ≤ tol (softmax's numerators; the division normalises the scale)."""
-    return chebyshev_fit(np.exp, lo, hi, tol, max_degree, error_fn=lambda x, p: (p - np.exp(x)) / np.exp(x),
-                         name="exp")
+    return chebyshev_fit(
+        np.exp,
+        lo,
+        hi,
+        tol,
+        max_degree,
+        error_fn=lambda x, p: (p - np.exp(x)) / np.exp(x),
+        name="exp",
+    )
 
 
 def poly_eval(ar: Arith, t: Val, coeffs: tuple[float, ...]) -> Val:
-    """Σ cₖ tᵏ: powers by a binary tree (tᵏ at depth ⌈log₂ k⌉), then one clear-weighted sum (+1 level)."""
+    """Σ cₖ tᵏ: powers by a binary tree (tᵏ at depth ⌈log₂ k⌉), then one clear-weighted sum (+1
+    level)."""
     powers: dict[int, Val] = {1: t}
 
     def power(k: int) -> Val:
@@ -242,9 +294,11 @@ def poly_eval(ar: Arith, t: Val, coeffs: tuple[float, ...]) -> Val:
 
 
 def gelu_coeffs(fit: PolyFit) -> tuple[float, ...]:
-    """x·q(t) with x = mid + half·t (Eq. 10), expanded into one polynomial of t of degree deg(q) + 1:
-    the same function, one level shallower than multiplying x by q(t) after the fact."""
-    return tuple(float(c) for c in np.polynomial.polynomial.polymul([fit.mid, fit.half], fit.coeffs))
+    """x·q(t) with x = mid + half·t (Eq. 10), expanded into one polynomial of t of degree deg(q) +
+    1: the same function, one level shallower than multiplying x by q(t) after the fact."""
+    return tuple(
+        float(c) for c in np.polynomial.polynomial.polymul([fit.mid, fit.half], fit.coeffs)
+    )
 
 
 def gelu_eval(ar: Arith, t: Val, fit: PolyFit) -> Val:

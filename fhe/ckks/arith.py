@@ -2,10 +2,11 @@
 
 Every value is a :class:`Val`: data (a numpy array over the batch, or a ciphertext whose SIMD slots
 hold the batch) plus its *level*, the number of rescales it went through. A ciphertext × ciphertext
-product and a ciphertext × scalar product each cost one level (TenSEAL rescales after every product);
-additions cost none. Subclasses implement the raw operations; this base class counts operations per
-stage tag, tracks levels and, only when asked (``refresh=True``), performs a labelled client-assisted
-refresh (the data owner decrypts and re-encrypts) of an operand that would exceed the chain's depth.
+product and a ciphertext × scalar product each cost one level (TenSEAL rescales after every
+product); additions cost none. Subclasses implement the raw operations; this base class counts
+operations per stage tag, tracks levels and, only when asked (``refresh=True``), performs a labelled
+client-assisted refresh (the data owner decrypts and re-encrypts) of an operand that would exceed
+the chain's depth.
 
 Because the clear and the encrypted evaluation run the same program through the same bookkeeping,
 the clear run predicts the encrypted run's depth, operation counts and refreshes exactly.
@@ -49,7 +50,9 @@ class Arith:
         self.timings_s: dict[str, float] = defaultdict(float)
         self.level_out: dict[str, int] = {}  # tag -> highest level a value reached in it
         self.level_in: dict[str, int] = {}  # tag -> level of the deepest operand entering it
-        self.rotation_steps: Counter = Counter()  # packed layout: rotations per step (one Galois key each)
+        self.rotation_steps: Counter = (
+            Counter()
+        )  # packed layout: rotations per step (one Galois key each)
 
     # ---------------------------------------------------------------- bookkeeping
     @contextmanager
@@ -72,10 +75,15 @@ class Arith:
             return v
         if not self.refresh:
             raise DepthExceededError(
-                f"stage {self.tag!r} needs level {v.level + 1}, beyond the chain's depth {self.max_depth}; "
-                "use a larger poly_modulus_degree, fewer approximation steps, or the client-assisted refresh")
+                f"stage {self.tag!r} needs level {v.level + 1}, beyond the chain's depth "
+                f"{self.max_depth}; use a larger poly_modulus_degree, fewer approximation steps, "
+                "or the client-assisted refresh"
+            )
         self._count("client_refresh")
-        v.data, v.level = self._refresh(v.data), 0  # in place: every later use sees the fresh ciphertext
+        v.data, v.level = (
+            self._refresh(v.data),
+            0,
+        )  # in place: every later use sees the fresh ciphertext
         return v
 
     def _out(self, data: Any, level: int) -> Val:
@@ -85,8 +93,9 @@ class Arith:
     # ---------------------------------------------------------------- operations
     @staticmethod
     def _shallow_first(a: Val, b: Val) -> tuple[Val, Val]:
-        """TenSEAL computes ``a op b`` on a copy of ``a`` but mod-switches ``b`` *in place* when ``b`` has
-        more levels left; putting the shallower operand first keeps every operand as it was."""
+        """TenSEAL computes ``a op b`` on a copy of ``a`` but mod-switches ``b`` *in place* when
+        ``b`` has more levels left; putting the shallower operand first keeps every operand as it
+        was."""
         return (a, b) if a.level <= b.level else (b, a)
 
     def mul(self, a: Val, b: Val) -> Val:
@@ -135,10 +144,12 @@ class Arith:
             out = term if out is None else self.add(out, term)
         return self._out(self.add_scalar(out, bias).data, out.level)
 
-    # ------------------------------------------------------- packed layout (one sample in the slots)
+    # ------------------------------------------------------- packed layout (one sample in the
+    # slots)
     def rotate(self, a: Val, step: int) -> Val:
         """Slot i of the result holds slot i + step of ``a`` (cyclic over all slots): no level, one
-        key switch, and one Galois key per distinct step (counted here, so keys are known before keygen)."""
+        key switch, and one Galois key per distinct step (counted here, so keys are known before
+        keygen)."""
         if step == 0:
             return a
         self._count("rotation")
@@ -196,7 +207,9 @@ class Arith:
             totals.update(c)
         return {
             "op_counts": {op: int(totals.get(op, 0)) for op in OPS},
-            "op_counts_per_tag": {t: {op: int(n) for op, n in c.items()} for t, c in self.counts.items()},
+            "op_counts_per_tag": {
+                t: {op: int(n) for op, n in c.items()} for t, c in self.counts.items()
+            },
             "depth": max(self.level_out.values(), default=0),
             "level_after_tag": dict(self.level_out),
             "rotation_steps": sorted(int(k) for k in self.rotation_steps),
@@ -206,9 +219,12 @@ class Arith:
 class ClearArith(Arith):
     """The clear reference: numpy float64 arrays over the batch; exact arithmetic, same bookkeeping.
 
-    ``strict``: raise when an approximated op's input leaves its calibrated interval (else count)."""
+    ``strict``: raise when an approximated op's input leaves its calibrated interval (else
+    count)."""
 
-    def __init__(self, max_depth: int | None = None, refresh: bool = False, strict: bool = False) -> None:
+    def __init__(
+        self, max_depth: int | None = None, refresh: bool = False, strict: bool = False
+    ) -> None:
         super().__init__(max_depth, refresh)
         self.strict = strict
         self.ranges: dict[str, tuple[float, float]] = {}  # input range of each approximated op

@@ -2,17 +2,18 @@
 
 The same trained program as :mod:`fhe.ckks.program` (same weights, same calibrated approximations),
 evaluated on *one* sample whose activations fill the slots of a single ciphertext (layout in
-:mod:`fhe.ckks.packing`). Where the batch layout spends one ciphertext per scalar and gets N/2 samples
-per run, this one spends a handful of ciphertexts per sample: its latency is that of one query.
+:mod:`fhe.ckks.packing`). Where the batch layout spends one ciphertext per scalar and gets N/2
+samples per run, this one spends a handful of ciphertexts per sample: its latency is that of one
+query.
 
-Every linear layer is a clear matrix applied by the diagonal method (BSGS rotations); consecutive linear
-maps still compose lazily (:class:`~fhe.ckks.affine.Affine` over packed values), so a layer costs one
-level only where a product follows. The token mixers are registered per attention kind in
-:mod:`fhe.ckks.mixers` (packed attention of the softmax family in ``packed_softmax``, the Inhibitor in
-``inhibitor``, the GEGLU unit in ``geglu``); this class holds what they share: the layouts, the linear
-maps and their cache, the shifted copies and masks of the attention offsets, LayerNorm and the
-activations. The head's matrix runs per position, then a rotate-and-add over positions is the mean
-pooling.
+Every linear layer is a clear matrix applied by the diagonal method (BSGS rotations); consecutive
+linear maps still compose lazily (:class:`~fhe.ckks.affine.Affine` over packed values), so a layer
+costs one level only where a product follows. The token mixers are registered per attention kind in
+:mod:`fhe.ckks.mixers` (packed attention of the softmax family in ``packed_softmax``, the Inhibitor
+in ``inhibitor``, the GEGLU unit in ``geglu``); this class holds what they share: the layouts, the
+linear maps and their cache, the shifted copies and masks of the attention offsets, LayerNorm and
+the activations. The head's matrix runs per position, then a rotate-and-add over positions is the
+mean pooling.
 
 The clear run (numpy slot vectors, :class:`~fhe.ckks.arith.ClearArith`) is the planner: depth, every
 operation and the set of rotation steps (the Galois keys the server needs) are known before keygen.
@@ -26,13 +27,23 @@ from fhe.ckks import approx as A
 from fhe.ckks.affine import Affine, per_position
 from fhe.ckks.arith import Arith, ClearArith, Val
 from fhe.ckks.mixers import NoPolyLoweringError, packed_mixer
-from fhe.ckks.packing import Layout, LinearMap, PVec, Rotations, apply_maps, linear_map, pow2, rotate_and_sum
+from fhe.ckks.packing import (
+    Layout,
+    LinearMap,
+    PVec,
+    Rotations,
+    apply_maps,
+    linear_map,
+    pow2,
+    rotate_and_sum,
+)
 from fhe.ckks.program import PolynomialError, PolyProgram
 from models.config import Activation, NormKind
 
 
 def check_packed(program: PolyProgram) -> None:
-    """Refuse, with the way out, a kind without a packed lowering (registered in fhe/ckks/mixers/)."""
+    """Refuse, with the way out, a kind without a packed lowering (registered in
+    fhe/ckks/mixers/)."""
     try:
         packed_mixer(program.config.attention)
     except NoPolyLoweringError as exc:
@@ -43,12 +54,17 @@ def stride_of(program: PolyProgram) -> int:
     """One stride for every activation: the widest channel count, to the next power of two."""
     cfg = program.config
     widths = [cfg.in_features, cfg.d_model, cfg.n_outputs]
-    widths += [v.shape[0] for k, v in program.weights.items() if k.endswith(("fc1.weight", "up_value.weight"))]
+    widths += [
+        v.shape[0]
+        for k, v in program.weights.items()
+        if k.endswith(("fc1.weight", "up_value.weight"))
+    ]
     return pow2(max(widths))
 
 
 def min_slots(program: PolyProgram) -> int:
-    """Slots one activation block needs (T'·stride); packed attention needs T' blocks (see PackedProgram)."""
+    """Slots one activation block needs (T'·stride); packed attention needs T' blocks (see
+    PackedProgram)."""
     return pow2(program.config.seq_len) * stride_of(program)
 
 
@@ -69,8 +85,11 @@ class PackedProgram:
         self.input_layout = self.layout(cfg.in_features)
         self.output_layout = Layout(1, cfg.n_outputs, self.stride, self.block)
         self._maps: dict[tuple, LinearMap] = {}
-        self._vectors: dict[tuple, object] = {}  # clear slot vectors, made once: SealArith caches by identity
-        self.plain_cache: dict = {}  # SealArith's encoded plaintexts of this program (see fhe/ckks/seal.py)
+        self._vectors: dict[
+            tuple, object
+        ] = {}  # clear slot vectors, made once: SealArith caches by identity
+        # SealArith's encoded plaintexts of this program (see fhe/ckks/seal.py)
+        self.plain_cache: dict = {}
 
     def layout(self, channels: int) -> Layout:
         return Layout(self.T, channels, self.stride, self.block)
@@ -80,8 +99,10 @@ class PackedProgram:
         """One sample (T, F) → its replicated slot vector."""
         x = np.asarray(x, dtype=np.float64)
         if x.shape != (self.T, self.program.config.in_features):
-            raise ValueError(f"the packed program takes one sample of shape ({self.T}, "
-                             f"{self.program.config.in_features}), got {x.shape}")
+            raise ValueError(
+                f"the packed program takes one sample of shape ({self.T}, "
+                f"{self.program.config.in_features}), got {x.shape}"
+            )
         return self.input_layout.place(x.reshape(-1), self.n_slots)
 
     def decode_output(self, slots: np.ndarray) -> np.ndarray:
@@ -94,8 +115,10 @@ class PackedProgram:
         rot = Rotations(ar)
         xin = PVec(x, self.input_layout)
         with ar.stage("embed"):
-            h = Affine([(xin, per_position(w["embed.weight"], T))],
-                       np.tile(w["embed.bias"], T) + w["pos"][:T].reshape(-1))
+            h = Affine(
+                [(xin, per_position(w["embed.weight"], T))],
+                np.tile(w["embed.bias"], T) + w["pos"][:T].reshape(-1),
+            )
         for i in range(cfg.n_layers):
             pre, key = f"block{i}", f"blocks.{i}"
             x1 = self._norm(ar, rot, f"{pre}.norm1", f"{key}.norm1", h)
@@ -113,7 +136,9 @@ class PackedProgram:
         outs = []
         for sample in x.reshape(-1, *x.shape[-2:]):
             a = ar or ClearArith()
-            outs.append(self.decode_output(self.forward(a, a.encode(self.encode_input(sample))).data))
+            outs.append(
+                self.decode_output(self.forward(a, a.encode(self.encode_input(sample))).data)
+            )
         return np.stack(outs)
 
     # ------------------------------------------------------------------ building blocks
@@ -123,7 +148,8 @@ class PackedProgram:
         return self._maps[key]
 
     def placed(self, key: tuple, values: np.ndarray, dst: Layout) -> np.ndarray:
-        """``values`` placed in layout ``dst``, once per key (encoded plaintexts are cached by identity)."""
+        """``values`` placed in layout ``dst``, once per key (encoded plaintexts are cached by
+        identity)."""
         return self.cached(key, lambda: dst.place(values, self.n_slots))
 
     def cached(self, key: tuple, make) -> np.ndarray:
@@ -133,11 +159,16 @@ class PackedProgram:
         return self._vectors[key]
 
     def materialize(self, ar: Arith, rot: Rotations, name: str, aff: Affine, dst: Layout) -> PVec:
-        terms = [(x.val, self.map_of((name, j), m, x.layout, dst)) for j, (x, m) in enumerate(aff.terms)]
-        return PVec(apply_maps(ar, terms, self.placed((name,), aff.bias, dst), rot, self.n_slots), dst)
+        terms = [
+            (x.val, self.map_of((name, j), m, x.layout, dst)) for j, (x, m) in enumerate(aff.terms)
+        ]
+        return PVec(
+            apply_maps(ar, terms, self.placed((name,), aff.bias, dst), rot, self.n_slots), dst
+        )
 
     def shifted(self, ar: Arith, x: Val) -> list[Val]:
-        """x rotated by r positions, r = 0 … T'−1, as a chain of one-position rotations (one Galois key)."""
+        """x rotated by r positions, r = 0 … T'−1, as a chain of one-position rotations (one Galois
+        key)."""
         out = [x]
         for _ in range(pow2(self.T) - 1):
             out.append(ar.rotate(out[-1], self.stride))
@@ -150,18 +181,28 @@ class PackedProgram:
 
         def make() -> list[np.ndarray]:
             first = np.zeros((n, cfg.d_model))
-            first[:, ::cfg.d_head] = 1.0
-            return [Layout(n, cfg.d_model, self.stride, self.attention_period, offset=r * self.block)
-                    .place(first.reshape(-1), self.n_slots) for r in range(self.block // self.stride)]
+            first[:, :: cfg.d_head] = 1.0
+            return [
+                Layout(
+                    n, cfg.d_model, self.stride, self.attention_period, offset=r * self.block
+                ).place(first.reshape(-1), self.n_slots)
+                for r in range(self.block // self.stride)
+            ]
 
         return self.cached(("head_masks", n), make)
 
     def block_masks(self, n_blocks: int) -> list[np.ndarray]:
         """Block r of the packed-attention period, as 0/1 slot vectors."""
         period = self.attention_period
-        return self.cached(("masks", n_blocks), lambda: [
-            np.tile((np.arange(period) // self.block == r).astype(float), self.n_slots // period)
-            for r in range(n_blocks)])
+        return self.cached(
+            ("masks", n_blocks),
+            lambda: [
+                np.tile(
+                    (np.arange(period) // self.block == r).astype(float), self.n_slots // period
+                )
+                for r in range(n_blocks)
+            ],
+        )
 
     def _norm(self, ar: Arith, rot: Rotations, tag: str, key: str, h: Affine) -> Affine:
         if self.program.config.norm is NormKind.NONE:
@@ -170,40 +211,63 @@ class PackedProgram:
         out = self.layernorm(ar, rot, tag, h, self.program.config.d_model)
         return out.apply(np.diag(np.tile(w[f"{key}.weight"], T)), np.tile(w[f"{key}.bias"], T))
 
-    def layernorm(self, ar: Arith, rot: Rotations, tag: str, h: Affine, width: int, eps: float = 1e-5) -> Affine:
+    def layernorm(
+        self, ar: Arith, rot: Rotations, tag: str, h: Affine, width: int, eps: float = 1e-5
+    ) -> Affine:
         """(x − μ)/√(σ² + eps) per position, as the batch program: the centring and the variance are
         position-wise maps (2·stride − 1 diagonals), 1/√ by Newton from the calibrated guess."""
         op, T = self.program.ops[f"{tag}.invsqrt"], self.T
         V, lay = op["scale"], self.layout(width)  # z = (σ² + eps)/V lies in (0, 1]
         mean = np.kron(np.eye(T), np.ones((width, width)) / width)
         with ar.stage(tag):
-            d = self.materialize(ar, rot, f"{tag}.centre", h.apply(np.eye(T * width) - mean), lay).val
+            d = self.materialize(
+                ar, rot, f"{tag}.centre", h.apply(np.eye(T * width) - mean), lay
+            ).val
             var = self.map_of((tag, "variance"), mean / V, lay, lay)
-            z = apply_maps(ar, [(ar.square(d), var)], self.placed((tag, "eps"), np.full(T * width, eps / V), lay),
-                           rot, self.n_slots)
-            normed = ar.mul(d, A.newton_invsqrt(ar, z, tuple(op["guess"]), op["iterations"]))  # (x − μ)·√V/σ
+            z = apply_maps(
+                ar,
+                [(ar.square(d), var)],
+                self.placed((tag, "eps"), np.full(T * width, eps / V), lay),
+                rot,
+                self.n_slots,
+            )
+            normed = ar.mul(
+                d, A.newton_invsqrt(ar, z, tuple(op["guess"]), op["iterations"])
+            )  # (x − μ)·√V/σ
         return Affine([(PVec(normed, lay), np.eye(T * width) / np.sqrt(V))], np.zeros(T * width))
 
     def _ffn(self, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
         w, T, cfg = self.program.weights, self.T, self.program.config
         lay = self.layout(w[f"{key}.fc1.weight"].shape[0])
         u = x.apply(per_position(w[f"{key}.fc1.weight"], T), np.tile(w[f"{key}.fc1.bias"], T))
-        act = self.activation(ar, rot, f"{tag}.{cfg.ffn_activation.value}", u, lay, cfg.ffn_activation)
-        return Affine([(act, per_position(w[f"{key}.fc2.weight"], T))], np.tile(w[f"{key}.fc2.bias"], T))
+        act = self.activation(
+            ar, rot, f"{tag}.{cfg.ffn_activation.value}", u, lay, cfg.ffn_activation
+        )
+        return Affine(
+            [(act, per_position(w[f"{key}.fc2.weight"], T))], np.tile(w[f"{key}.fc2.bias"], T)
+        )
 
-    def activation(self, ar: Arith, rot: Rotations, name: str, u: Affine, lay: Layout, kind: Activation) -> PVec:
+    def activation(
+        self, ar: Arith, rot: Rotations, name: str, u: Affine, lay: Layout, kind: Activation
+    ) -> PVec:
         """GELU (x·q(t), Eq. 10) or ReLU (p(t)), t = (u − mid)/half folded into u's matrices."""
         op = self.program.ops[name]
         fit = A.PolyFit(tuple(op["coeffs"]), op["mid"], op["half"], op["max_error"])
         with ar.stage(name):
-            t = self.materialize(ar, rot, name, u.apply(np.eye(u.size) / op["half"], -op["mid"] / op["half"]), lay)
-            out = A.gelu_eval(ar, t.val, fit) if kind is Activation.GELU else A.poly_eval(ar, t.val, fit.coeffs)
+            t = self.materialize(
+                ar, rot, name, u.apply(np.eye(u.size) / op["half"], -op["mid"] / op["half"]), lay
+            )
+            out = (
+                A.gelu_eval(ar, t.val, fit)
+                if kind is Activation.GELU
+                else A.poly_eval(ar, t.val, fit.coeffs)
+            )
         return PVec(out, lay, clean=lay.size == lay.period)
 
     def _head(self, ar: Arith, rot: Rotations, h: Affine) -> Val:
-        """head(mean over positions of h) = Σ_t (head·W/T) h_t: each position-wise term through the head's
-        matrix per position first (it reads the terms' cached baby-step rotations), then one sum over
-        the position blocks by rotations."""
+        """head(mean over positions of h) = Σ_t (head·W/T) h_t: each position-wise term through the
+        head's matrix per position first (it reads the terms' cached baby-step rotations), then one
+        sum over the position blocks by rotations."""
         w, T, S = self.program.weights, self.T, self.stride
         cfg = self.program.config
         C, n_out = cfg.d_model, cfg.n_outputs
@@ -213,12 +277,29 @@ class PackedProgram:
             cin = x.layout.channels
             blk = m[:C, :cin]
             if m.shape == (T * C, T * cin) and np.allclose(m, per_position(blk, T)):
-                local.append((x.val, self.map_of(("head", j), per_position(head @ blk / T, T), x.layout, per_pos)))
+                local.append(
+                    (
+                        x.val,
+                        self.map_of(
+                            ("head", j), per_position(head @ blk / T, T), x.layout, per_pos
+                        ),
+                    )
+                )
             else:  # any other linear map: the head and the mean as one dense map
                 pool = np.tile(np.eye(C), T) / T
-                pooled.append((x.val, self.map_of(("head", j), head @ pool @ m, x.layout, self.output_layout)))
-        bias = self.placed(("head",), head @ (np.tile(np.eye(C), T) / T) @ h.bias + w["head.bias"], self.output_layout)
-        out = rotate_and_sum(ar, apply_maps(ar, local, None, rot, self.n_slots), S, pow2(T)) if local else None
+                pooled.append(
+                    (x.val, self.map_of(("head", j), head @ pool @ m, x.layout, self.output_layout))
+                )
+        bias = self.placed(
+            ("head",),
+            head @ (np.tile(np.eye(C), T) / T) @ h.bias + w["head.bias"],
+            self.output_layout,
+        )
+        out = (
+            rotate_and_sum(ar, apply_maps(ar, local, None, rot, self.n_slots), S, pow2(T))
+            if local
+            else None
+        )
         if pooled:
             rest = apply_maps(ar, pooled, None, rot, self.n_slots)
             out = rest if out is None else ar.add(out, rest)

@@ -1,19 +1,19 @@
 """The packed layout's linear algebra: one sample's vectors in the slots of one ciphertext.
 
 Layout. A vector of T positions × C channels is stored position-major, slot t·C' + c, with C' the
-stride (a power of two ≥ C; one stride for a whole program) and T' the next power of two of T (padding
-slots hold 0), in a block of p = T'·C' slots that repeats through all N/2 slots (*replicated*). A
-rotation of the whole ciphertext is then a cyclic rotation of every block: rotating by r·C' moves each
-position r places along, cyclically, which is how attention pairs query t with key (t + r) mod T'
-without a mask (a padding position holds zeros, so its score is 0).
+stride (a power of two ≥ C; one stride for a whole program) and T' the next power of two of T
+(padding slots hold 0), in a block of p = T'·C' slots that repeats through all N/2 slots
+(*replicated*). A rotation of the whole ciphertext is then a cyclic rotation of every block:
+rotating by r·C' moves each position r places along, cyclically, which is how attention pairs query
+t with key (t + r) mod T' without a mask (a padding position holds zeros, so its score is 0).
 
-Clear matrices by the diagonal method (Halevi and Shoup, "Algorithms in HElib", 2014): for an input of
-period p, y = Σₖ diagₖ ⊙ rot(x, k) over k < p with diagₖ[i] = M[i, i + k]; with baby steps b < n₁ and
-giant steps g·n₁ (Halevi and Shoup, "Faster homomorphic linear transformations in HElib", 2018),
-y = Σ_g rot(Σ_b rot(diag_{g n₁ + b}, −g n₁) ⊙ rot(x, b), g n₁):
-about 2√(number of diagonals) rotations instead of one per diagonal, and the baby-step rotations of an
-input are shared by every map that reads it. Only the diagonals that are not zero are used, so a
-position-wise map (I_T ⊗ W with equal strides) needs 2C − 1 of them whatever T is.
+Clear matrices by the diagonal method (Halevi and Shoup, "Algorithms in HElib", 2014): for an input
+of period p, y = Σₖ diagₖ ⊙ rot(x, k) over k < p with diagₖ[i] = M[i, i + k]; with baby steps b < n₁
+and giant steps g·n₁ (Halevi and Shoup, "Faster homomorphic linear transformations in HElib", 2018),
+y = Σ_g rot(Σ_b rot(diag_{g n₁ + b}, −g n₁) ⊙ rot(x, b), g n₁): about 2√(number of diagonals)
+rotations instead of one per diagonal, and the baby-step rotations of an input are shared by every
+map that reads it. Only the diagonals that are not zero are used, so a position-wise map (I_T ⊗ W
+with equal strides) needs 2C − 1 of them whatever T is.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def pow2(n: int) -> int:
 class Layout:
     """Where a (T, C) activation lives in one block of ``period`` slots: slot t·stride + c.
 
-    ``stride`` defaults to the next power of two of C and ``period`` to T'·stride; a program gives all its
-    activations one stride, so a position-wise map has at most 2·stride − 1 diagonals."""
+    ``stride`` defaults to the next power of two of C and ``period`` to T'·stride; a program gives
+    all its activations one stride, so a position-wise map has at most 2·stride − 1 diagonals."""
 
     positions: int  # T
     channels: int  # C
@@ -48,8 +48,11 @@ class Layout:
             object.__setattr__(self, "stride", pow2(self.channels))
         if not self.period:
             object.__setattr__(self, "period", pow2(self.positions) * self.stride)
-        if (self.stride < self.channels or self.period & (self.period - 1)
-                or self.offset + self.positions * self.stride > self.period):
+        if (
+            self.stride < self.channels
+            or self.period & (self.period - 1)
+            or self.offset + self.positions * self.stride > self.period
+        ):
             raise ValueError(f"invalid layout {self}")
 
     @property
@@ -83,8 +86,8 @@ class PVec:
 
 @dataclass(frozen=True)
 class LinearMap:
-    """A clear matrix between two layouts, as BSGS groups of diagonals: {giant index g: {baby b: plain}},
-    diagonal k = g·n₁ + b with g signed (k taken in (−period/2, period/2])."""
+    """A clear matrix between two layouts, as BSGS groups of diagonals: {giant index g: {baby b:
+    plain}}, diagonal k = g·n₁ + b with g signed (k taken in (−period/2, period/2])."""
 
     groups: dict[int, dict[int, np.ndarray]]
     out: Layout
@@ -108,14 +111,17 @@ def _diagonals(m: np.ndarray, src: Layout, dst: Layout) -> tuple[np.ndarray, np.
 
 
 def linear_map(m: np.ndarray, src: Layout, dst: Layout, n_slots: int, n1: int = 8) -> LinearMap:
-    """The BSGS plan of ``m`` (dst.size × src.size, logical order) for replicated inputs of layout ``src``.
+    """The BSGS plan of ``m`` (dst.size × src.size, logical order) for replicated inputs of layout
+    ``src``.
 
-    One baby-step size ``n1`` for a whole program keeps its Galois keys few: baby steps 1 … n1 − 1, and
-    giant steps applied Horner-wise (rotations by ±n1 only, see :func:`apply_maps`)."""
+    One baby-step size ``n1`` for a whole program keeps its Galois keys few: baby steps 1 … n1 − 1,
+    and giant steps applied Horner-wise (rotations by ±n1 only, see :func:`apply_maps`)."""
     if m.shape != (dst.size, src.size):
         raise ValueError(f"matrix {m.shape} does not map {src} to {dst}")
     if max(src.period, dst.period) > n_slots:
-        raise ValueError(f"a block of {max(src.period, dst.period)} slots does not fit {n_slots} slots")
+        raise ValueError(
+            f"a block of {max(src.period, dst.period)} slots does not fit {n_slots} slots"
+        )
     ks, diags = _diagonals(m, src, dst)
     reps = n_slots // diags.shape[1] if len(ks) else 1
     groups: dict[int, dict[int, np.ndarray]] = {}
@@ -142,11 +148,16 @@ class Rotations:
         return rots[step]
 
 
-def apply_maps(ar: Arith, terms: list[tuple[Val, LinearMap]], bias: np.ndarray | None,
-               rotations: Rotations, n_slots: int) -> Val:
-    """Σ Mₖ xₖ (+ bias) = Σ_g rot(I_g, g·n₁), I_g the products of giant group g of every term summed before
-    one rescale. Giant steps run Horner-wise, rot(rot(I_2, n₁) + I_1, n₁) + I_0: rotations by ±n₁ only
-    (two Galois keys), one per giant group, shared by all terms (a rotation is linear)."""
+def apply_maps(
+    ar: Arith,
+    terms: list[tuple[Val, LinearMap]],
+    bias: np.ndarray | None,
+    rotations: Rotations,
+    n_slots: int,
+) -> Val:
+    """Σ Mₖ xₖ (+ bias) = Σ_g rot(I_g, g·n₁), I_g the products of giant group g of every term summed
+    before one rescale. Giant steps run Horner-wise, rot(rot(I_2, n₁) + I_1, n₁) + I_0: rotations by
+    ±n₁ only (two Galois keys), one per giant group, shared by all terms (a rotation is linear)."""
     n1 = terms[0][1].n1
     if any(lm.n1 != n1 for _, lm in terms):
         raise ValueError("terms of one map sum need the same baby-step size")
@@ -166,7 +177,9 @@ def apply_maps(ar: Arith, terms: list[tuple[Val, LinearMap]], bias: np.ndarray |
             gs = [g for g in inner if g * sign > 0]
             acc = None
             for g in range(max(gs, key=abs, default=0), 0, -sign):  # Horner, outermost giant first
-                acc = inner.get(g) if acc is None else (ar.add(acc, inner[g]) if g in inner else acc)
+                acc = (
+                    inner.get(g) if acc is None else (ar.add(acc, inner[g]) if g in inner else acc)
+                )
                 acc = ar.rotate(acc, (sign * n1) % n_slots)
             if acc is not None:
                 out = acc if out is None else ar.add(out, acc)
@@ -177,7 +190,8 @@ def apply_maps(ar: Arith, terms: list[tuple[Val, LinearMap]], bias: np.ndarray |
 
 def rotate_and_sum(ar: Arith, x: Val, step: int, count: int, n_slots: int | None = None) -> Val:
     """Σ_{j < count} rot(x, j·step) for a power-of-two count: log₂(count) rotations, no level. A
-    negative step (with ``n_slots``) sums the values *before* each slot: a broadcast to the next ones."""
+    negative step (with ``n_slots``) sums the values *before* each slot: a broadcast to the next
+    ones."""
     if count & (count - 1):
         raise ValueError(f"rotate_and_sum needs a power-of-two count, got {count}")
     while count > 1:

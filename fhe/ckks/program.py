@@ -1,14 +1,14 @@
 """The polynomial program of a trained model: every operation a CKKS ciphertext supports.
 
-Layout: SIMD over samples. Each scalar of a sample, (position t, channel c), is one value whose batch
-axis is the ciphertext's slot axis, so every linear layer is a sum of clear-weighted values (no
-rotations, hence no Galois keys) and the same program serves 1 or N/2 samples at once.
+Layout: SIMD over samples. Each scalar of a sample, (position t, channel c), is one value whose
+batch axis is the ciphertext's slot axis, so every linear layer is a sum of clear-weighted values
+(no rotations, hence no Galois keys) and the same program serves 1 or N/2 samples at once.
 
 Linear maps are kept lazy (:class:`Affine`): consecutive affine maps (embedding, projections, the
 residual stream, mean pooling and the head) are composed in the clear and cost one level only when a
-non-linear operation needs their value. Clear constants are folded likewise: 1/√d, the length-agnostic
-1/L (PowerSoftmax paper Eq. 7) and the Goldschmidt input scale enter the query weights, the LayerNorm
-scale and GELU's interval map enter the producing linear layer.
+non-linear operation needs their value. Clear constants are folded likewise: 1/√d, the
+length-agnostic 1/L (PowerSoftmax paper Eq. 7) and the Goldschmidt input scale enter the query
+weights, the LayerNorm scale and GELU's interval map enter the producing linear layer.
 
 Approximation intervals come from a calibration pass of this same program with exact non-linear
 functions; :meth:`PolyProgram.finalize` turns them into iteration counts and polynomial fits.
@@ -51,11 +51,15 @@ class PolyProgram:
         """xs: the T·F input values (position-major); returns the n_outputs logits."""
         cfg, w, T = self.config, self.weights, self.config.seq_len
         if len(xs) != T * cfg.in_features:
-            raise ValueError(f"the program takes {T} positions × {cfg.in_features} features = {T * cfg.in_features} "
-                             f"input values (ciphertexts), got {len(xs)}")
+            raise ValueError(
+                f"the program takes {T} positions × {cfg.in_features} features = "
+                f"{T * cfg.in_features} input values (ciphertexts), got {len(xs)}"
+            )
         with ar.stage("embed"):
-            h = Affine([(xs, per_position(w["embed.weight"], T))],
-                       np.tile(w["embed.bias"], T) + w["pos"][:T].reshape(-1))
+            h = Affine(
+                [(xs, per_position(w["embed.weight"], T))],
+                np.tile(w["embed.bias"], T) + w["pos"][:T].reshape(-1),
+            )
         for i in range(cfg.n_layers):
             pre = f"block{i}"
             x1 = self._norm(ar, f"{pre}.norm1", f"blocks.{i}.norm1", h)
@@ -80,8 +84,10 @@ class PolyProgram:
         if name in self.ops:
             return False
         if not isinstance(ar, ClearArith):
-            raise PolynomialError(f"{name}: no approximation interval was calibrated; build the program with "
-                                  "build_program(model, calibration_inputs) first")
+            raise PolynomialError(
+                f"{name}: no approximation interval was calibrated; build the program with "
+                "build_program(model, calibration_inputs) first"
+            )
         return True
 
     def _observe(self, ar: Arith, name: str, vals: list[Val]) -> None:
@@ -99,9 +105,12 @@ class PolyProgram:
             if n_out and ar.strict:
                 raise PolynomialError(
                     f"{name}: {n_out} input values fall outside the interval calibration covered "
-                    f"({self.ops[name]['calibrated'][0]:.4g} to {self.ops[name]['calibrated'][1]:.4g} before the "
-                    f"{self.approx.margin:.0%} margin), where the {self.ops[name]['kind']} approximation diverges; "
-                    "recalibrate on more or more representative samples (--calib) or widen --margin")
+                    f"({self.ops[name]['calibrated'][0]:.4g} to "
+                    f"{self.ops[name]['calibrated'][1]:.4g} before the {self.approx.margin:.0%} "
+                    f"margin), where the {self.ops[name]['kind']} approximation diverges; "
+                    "recalibrate on more or more representative samples (--calib) or widen "
+                    "--margin"
+                )
 
     def finalize(self, ranges: dict[str, tuple[float, float]]) -> None:
         """Approximation settings from calibrated ranges (each widened by ``approx.margin``)."""
@@ -115,19 +124,42 @@ class PolyProgram:
     def _approximation(self, kind: str, lo: float, hi: float) -> dict:
         ap = self.approx
         if kind == "reciprocal":
-            return {"kind": kind, **A.plan_reciprocal(lo, hi, ap.reciprocal_tol, ap.margin, ap.reciprocal_headroom,
-                                                      ap.max_iterations)}
+            return {
+                "kind": kind,
+                **A.plan_reciprocal(
+                    lo, hi, ap.reciprocal_tol, ap.margin, ap.reciprocal_headroom, ap.max_iterations
+                ),
+            }
         if kind == "invsqrt":
             lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
             n = A.invsqrt_iterations(lo_w / hi_w, 1.0, ap.invsqrt_tol, ap.max_iterations)
-            return {"kind": kind, "calibrated": [lo, hi], "scale": hi_w, "interval": [lo_w / hi_w, 1.0],
-                    "iterations": n, "guess": A.invsqrt_guess(lo_w / hi_w, 1.0)}
+            return {
+                "kind": kind,
+                "calibrated": [lo, hi],
+                "scale": hi_w,
+                "interval": [lo_w / hi_w, 1.0],
+                "iterations": n,
+                "guess": A.invsqrt_guess(lo_w / hi_w, 1.0),
+            }
         lo_w, hi_w = A.widen(lo, hi, ap.margin)
-        fitter = {"gelu": A.gelu_fit, "relu": A.relu_fit, "abs": A.abs_fit, "inhibit": A.inhibit_fit,
-                  "exp": A.exp_fit}[kind]
+        fitter = {
+            "gelu": A.gelu_fit,
+            "relu": A.relu_fit,
+            "abs": A.abs_fit,
+            "inhibit": A.inhibit_fit,
+            "exp": A.exp_fit,
+        }[kind]
         fit = fitter(lo_w, hi_w, ap.activation_tol, ap.max_degree)
-        return {"kind": kind, "calibrated": [lo, hi], "interval": [-1.0, 1.0], "coeffs": list(fit.coeffs),
-                "mid": fit.mid, "half": fit.half, "degree": fit.degree, "max_error": fit.max_error}
+        return {
+            "kind": kind,
+            "calibrated": [lo, hi],
+            "interval": [-1.0, 1.0],
+            "coeffs": list(fit.coeffs),
+            "mid": fit.mid,
+            "half": fit.half,
+            "degree": fit.degree,
+            "max_error": fit.max_error,
+        }
 
     # ------------------------------------------------------------------ layers
     def _norm(self, ar: Arith, tag: str, key: str, h: Affine) -> Affine:
@@ -150,7 +182,7 @@ class PolyProgram:
             x = h.materialize(ar)
             normed: list[Val] = []
             for t in range(T):
-                xt = x[t * width:(t + 1) * width]
+                xt = x[t * width : (t + 1) * width]
                 mu = ar.lincomb(xt, [1 / width] * width)
                 d = [ar.add(xc, ar.neg(mu)) for xc in xt]
                 z = ar.lincomb([ar.square(dc) for dc in d], [1 / (width * V)] * width, eps / V)
@@ -163,7 +195,8 @@ class PolyProgram:
         return Affine([(normed, np.eye(len(normed)) / math.sqrt(V))], np.zeros(len(normed)))
 
     def _mixer(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
-        """The token mixer, by the polynomial lowering registered for the model's kind (fhe/ckks/mixers/)."""
+        """The token mixer, by the polynomial lowering registered for the model's kind
+        (fhe/ckks/mixers/)."""
         return poly_mixer(self.config.attention)(self, ar, tag, key, x)
 
     def _inference_eps(self) -> float:
@@ -173,21 +206,31 @@ class PolyProgram:
     def _ffn(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
         w, T = self.weights, self.config.seq_len
         u = x.apply(per_position(w[f"{key}.fc1.weight"], T), np.tile(w[f"{key}.fc1.bias"], T))
-        act = self._activation(ar, f"{tag}.{self.config.ffn_activation.value}", u, self.config.ffn_activation)
-        return Affine([(act, per_position(w[f"{key}.fc2.weight"], T))], np.tile(w[f"{key}.fc2.bias"], T))
+        act = self._activation(
+            ar, f"{tag}.{self.config.ffn_activation.value}", u, self.config.ffn_activation
+        )
+        return Affine(
+            [(act, per_position(w[f"{key}.fc2.weight"], T))], np.tile(w[f"{key}.fc2.bias"], T)
+        )
 
-    def approximate(self, ar: Arith, name: str, t: list[Val], exact, scale: float = 1.0) -> list[Val]:
-        """``scale`` × the approximation ``name`` of values t already mapped to [−1, 1] by its mid/half (the
-        caller folds the map into a linear layer): the exact function while calibrating."""
+    def approximate(
+        self, ar: Arith, name: str, t: list[Val], exact, scale: float = 1.0
+    ) -> list[Val]:
+        """``scale`` × the approximation ``name`` of values t already mapped to [−1, 1] by its
+        mid/half (the caller folds the map into a linear layer): the exact function while
+        calibrating."""
         calibrating = self._calibrating(name, ar)
-        self._observe(ar, name, t)  # calibration: the raw range (identity map); later: t against [−1, 1]
+        self._observe(
+            ar, name, t
+        )  # calibration: the raw range (identity map); later: t against [−1, 1]
         if calibrating:
             return [Val(scale * exact(ti.data), ti.level) for ti in t]
         coeffs = tuple(scale * c for c in self.ops[name]["coeffs"])
         return [A.poly_eval(ar, ti, coeffs) for ti in t]
 
     def fit_map(self, name: str) -> tuple[float, float]:
-        """(mid, half) of an approximation's interval: t = (x − mid)/half (identity while calibrating)."""
+        """(mid, half) of an approximation's interval: t = (x − mid)/half (identity while
+        calibrating)."""
         op = self.ops.get(name)
         return (op["mid"], op["half"]) if op else (0.0, 1.0)
 
@@ -217,16 +260,19 @@ def encode_clear(ar: ClearArith, x: np.ndarray | torch.Tensor) -> list[Val]:
 
 def check_model(config: TransformerConfig) -> None:
     if config.input_kind is InputKind.TOKENS:
-        raise PolynomialError("token-id inputs: the embedding lookup has no polynomial form; the client would "
-                              "have to embed its tokens before encryption (use a patch/feature-input task)")
+        raise PolynomialError(
+            "token-id inputs: the embedding lookup has no polynomial form; the client would "
+            "have to embed its tokens before encryption (use a patch/feature-input task)"
+        )
     try:
         poly_mixer(config.attention)
     except NoPolyLoweringError as exc:
         raise PolynomialError(str(exc)) from exc
 
 
-def build_program(model: Transformer, calib_x: torch.Tensor | np.ndarray,
-                  approx: A.ApproxConfig | None = None) -> PolyProgram:
+def build_program(
+    model: Transformer, calib_x: torch.Tensor | np.ndarray, approx: A.ApproxConfig | None = None
+) -> PolyProgram:
     """Calibrate ``model``'s polynomial program on ``calib_x`` and fix every approximation (a
     BatchNorm model is compiled with its norms folded into the linear layers: free)."""
     model = fold_norms(model)

@@ -1,10 +1,11 @@
 """SEAL's evaluator (``tenseal.sealapi``) as program arithmetic, for the packed layout's rotations.
 
 TenSEAL's CKKSVector has no rotation; ``tenseal.sealapi`` exposes SEAL itself, so the packed layout
-runs on raw SEAL ciphertexts: ``Evaluator.rotate_vector`` with Galois keys made for exactly the steps
-the program uses (the clear run lists them), and products relinearised and rescaled as TenSEAL does.
-After each rescale the scale is set back to 2^scale_bits (the primes are within ~2⁻²⁰ of it, the same
-approximation TenSEAL makes); operands are mod-switched to the deeper one's level before they meet.
+runs on raw SEAL ciphertexts: ``Evaluator.rotate_vector`` with Galois keys made for exactly the
+steps the program uses (the clear run lists them), and products relinearised and rescaled as TenSEAL
+does. After each rescale the scale is set back to 2^scale_bits (the primes are within ~2⁻²⁰ of it,
+the same approximation TenSEAL makes); operands are mod-switched to the deeper one's level before
+they meet.
 
 The keys come from a TenSEAL context (public, relinearisation and secret keys); the Galois keys are
 made here from its secret key and saved in SEAL's own serialisation (``GaloisKeys.save/load``).
@@ -36,15 +37,16 @@ def make_galois_keys(ctx: ts.Context, steps, poly_modulus_degree: int) -> sa.Gal
 
 
 def galois_keys_memory(n_keys: int, poly_modulus_degree: int, n_primes: int) -> int:
-    """Bytes the server holds for ``n_keys`` Galois keys: each is one key-switching key, a ciphertext
-    of 2 polynomials over all ``n_primes`` primes per data prime (n_primes − 1 of them), 8 bytes a
-    coefficient. (SEAL's zstd serialisation, what is uploaded, is ~0.7x that; measuring it means
-    compressing GBs, so the report computes this instead.)"""
+    """Bytes the server holds for ``n_keys`` Galois keys: each is one key-switching key, a
+    ciphertext of 2 polynomials over all ``n_primes`` primes per data prime (n_primes − 1 of them),
+    8 bytes a coefficient. (SEAL's zstd serialisation, what is uploaded, is ~0.7x that; measuring it
+    means compressing GBs, so the report computes this instead.)"""
     return n_keys * (n_primes - 1) * 2 * n_primes * poly_modulus_degree * 8
 
 
 def to_bytes(obj: sa.Ciphertext | sa.GaloisKeys) -> bytes:
-    """A SEAL object in SEAL's own serialisation (``save`` writes files only, hence the temporary one)."""
+    """A SEAL object in SEAL's own serialisation (``save`` writes files only, hence the temporary
+    one)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "obj"
         obj.save(str(path))
@@ -52,8 +54,8 @@ def to_bytes(obj: sa.Ciphertext | sa.GaloisKeys) -> bytes:
 
 
 def from_bytes(cls: type, ctx: ts.Context, blob: bytes):
-    """``cls`` (sa.Ciphertext, sa.GaloisKeys) loaded from :func:`to_bytes`; SEAL checks that it is valid
-    for ``ctx``'s parameters and raises ValueError/RuntimeError otherwise."""
+    """``cls`` (sa.Ciphertext, sa.GaloisKeys) loaded from :func:`to_bytes`; SEAL checks that it is
+    valid for ``ctx``'s parameters and raises ValueError/RuntimeError otherwise."""
     obj = cls()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "obj"
@@ -63,10 +65,11 @@ def from_bytes(cls: type, ctx: ts.Context, blob: bytes):
 
 
 class SealCodec:
-    """Client side: encode and encrypt slot vectors, decrypt and decode (needs the secret key to decrypt)."""
+    """Client side: encode and encrypt slot vectors, decrypt and decode (needs the secret key to
+    decrypt)."""
 
     def __init__(self, ctx: ts.Context, scale_bits: int) -> None:
-        self.ctx, self.scale = ctx, 2.0 ** scale_bits
+        self.ctx, self.scale = ctx, 2.0**scale_bits
         self.seal = ctx.seal_context().data
         self.encoder = sa.CKKSEncoder(self.seal)
         self.encryptor = sa.Encryptor(self.seal, ctx.public_key().data)
@@ -89,19 +92,27 @@ class SealArith(Arith):
     ``plain_cache``: encoded plaintexts by (array identity, level), kept between runs of the same
     program (a server answering many queries encodes its matrices once)."""
 
-    def __init__(self, ctx: ts.Context, galois_keys: sa.GaloisKeys, scale_bits: int, max_depth: int,
-                 plain_cache: dict | None = None) -> None:
+    def __init__(
+        self,
+        ctx: ts.Context,
+        galois_keys: sa.GaloisKeys,
+        scale_bits: int,
+        max_depth: int,
+        plain_cache: dict | None = None,
+    ) -> None:
         super().__init__(max_depth, refresh=False)
         self.seal = ctx.seal_context().data
         self.encoder = sa.CKKSEncoder(self.seal)
         self.evaluator = sa.Evaluator(self.seal)
         self.relin_keys = ctx.relin_keys().data
         self.galois_keys = galois_keys
-        self.scale = 2.0 ** scale_bits
+        self.scale = 2.0**scale_bits
         self.plain_cache = {} if plain_cache is None else plain_cache
 
     # ---------------------------------------------------------------- helpers
-    def _at_level_of(self, a: sa.Ciphertext, b: sa.Ciphertext) -> tuple[sa.Ciphertext, sa.Ciphertext]:
+    def _at_level_of(
+        self, a: sa.Ciphertext, b: sa.Ciphertext
+    ) -> tuple[sa.Ciphertext, sa.Ciphertext]:
         """Both operands at the deeper one's level (copies where switched; inputs untouched)."""
         na, nb = a.coeff_modulus_size(), b.coeff_modulus_size()
         if na > nb:
@@ -120,7 +131,8 @@ class SealArith(Arith):
         return ct
 
     def _plain(self, values, parms_id, scale: float, cache: bool = False) -> sa.Plaintext:
-        """Encoded at ``parms_id``; arrays are cached by identity (checked, so a reused id cannot hit)."""
+        """Encoded at ``parms_id``; arrays are cached by identity (checked, so a reused id cannot
+        hit)."""
         cache_key = (id(values), tuple(parms_id), scale) if cache else None
         hit = self.plain_cache.get(cache_key) if cache else None
         if hit is not None and hit[0] is values:
@@ -189,7 +201,9 @@ class SealArith(Arith):
         for ct, plain in pairs:
             ct = self._at_level_of(ct, deepest)[0]
             term = sa.Ciphertext()
-            self.evaluator.multiply_plain(ct, self._plain(plain, ct.parms_id(), self.scale, cache=True), term)
+            self.evaluator.multiply_plain(
+                ct, self._plain(plain, ct.parms_id(), self.scale, cache=True), term
+            )
             if acc is None:
                 acc = term
             else:

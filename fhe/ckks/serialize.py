@@ -1,6 +1,6 @@
 """The polynomial program as data: ``program.json`` (configuration, approximations, intervals) and
-``program.npz`` (weights, read with ``allow_pickle=False``). Loading a program never runs code from the
-file, unlike the pickle it replaces."""
+``program.npz`` (weights, read with ``allow_pickle=False``). Loading a program never runs code from
+the file, unlike the pickle it replaces."""
 
 from __future__ import annotations
 
@@ -45,9 +45,14 @@ def _restore(value, arrays):
 
 def save_program(program: PolyProgram, directory: Path) -> list[Path]:
     arrays: dict[str, np.ndarray] = {}
-    doc = {"format": FORMAT, "config": program.config.to_dict(), "approx": dataclasses.asdict(program.approx),
-           "weights": _plain(program.weights, arrays, "weights"), "ops": _plain(program.ops, arrays, "ops"),
-           "calib_ranges": _plain(program.calib_ranges, arrays, "calib_ranges")}
+    doc = {
+        "format": FORMAT,
+        "config": program.config.to_dict(),
+        "approx": dataclasses.asdict(program.approx),
+        "weights": _plain(program.weights, arrays, "weights"),
+        "ops": _plain(program.ops, arrays, "ops"),
+        "calib_ranges": _plain(program.calib_ranges, arrays, "calib_ranges"),
+    }
     (directory / "program.json").write_text(json.dumps(doc, indent=1))
     np.savez(directory / "program.npz", **arrays)
     return [directory / "program.json", directory / "program.npz"]
@@ -56,10 +61,17 @@ def save_program(program: PolyProgram, directory: Path) -> list[Path]:
 def load_program(directory: Path) -> PolyProgram:
     doc = json.loads((directory / "program.json").read_text())
     if doc.get("format") != FORMAT:
-        raise ValueError(f"{directory / 'program.json'} is not a CKKS program of this toolkit "
-                         f"(format {doc.get('format')!r}, expected {FORMAT!r})")
+        raise ValueError(
+            f"{directory / 'program.json'} is not a CKKS program of this toolkit "
+            f"(format {doc.get('format')!r}, expected {FORMAT!r})"
+        )
     with np.load(directory / "program.npz", allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
     ranges = {k: tuple(v) for k, v in _restore(doc["calib_ranges"], arrays).items()}
-    return PolyProgram(TransformerConfig.from_dict(doc["config"]), _restore(doc["weights"], arrays),
-                       ApproxConfig(**doc["approx"]), _restore(doc["ops"], arrays), ranges)
+    return PolyProgram(
+        TransformerConfig.from_dict(doc["config"]),
+        _restore(doc["weights"], arrays),
+        ApproxConfig(**doc["approx"]),
+        _restore(doc["ops"], arrays),
+        ranges,
+    )

@@ -71,7 +71,9 @@ class SoftmaxKernel:
         out, y = {}, 1 + rows / 2**self.rounds
         for r in range(self.rounds):
             z = y**2
-            m = z.sum(-1, keepdims=True) / (L if r < self.rounds - 1 else 1)  # the last round normalises to 1
+            m = z.sum(-1, keepdims=True) / (
+                L if r < self.rounds - 1 else 1
+            )  # the last round normalises to 1
             out[f"div{r}"] = (float(m.min()), float(m.max()))
             y = z / m
         return out
@@ -97,7 +99,9 @@ class SoftmaxKernel:
             y = A.goldschmidt_reciprocal(ar, a, c["div"]["iterations"])
             return [ar.mul(s, y) for s in sp]
         if self.kind == "taylor":
-            k = (L * c["div"]["scale"]) ** -0.25  # 1/(L·D) folded into the coefficients of t, e = t⁴
+            k = (
+                L * c["div"]["scale"]
+            ) ** -0.25  # 1/(L·D) folded into the coefficients of t, e = t⁴
             coeffs = tuple(k * self._taylor()[j] / 4**j for j in range(9))
             e = [ar.square(ar.square(A.poly_eval(ar, x, coeffs))) for x in xs]
             y = A.goldschmidt_reciprocal(ar, ar.sum(e), c["div"]["iterations"])
@@ -110,12 +114,18 @@ class SoftmaxKernel:
             last = r == self.rounds - 1
             a = ar.lincomb(z, [1 / ((1 if last else L) * d["scale"] * f)] * L)  # the f² folded in
             inv = A.goldschmidt_reciprocal(ar, a, d["iterations"])
-            y = [ar.mul(v, inv) for v in z]  # mean 1 after each round, sum 1 after the last (times f)
+            y = [
+                ar.mul(v, inv) for v in z
+            ]  # mean 1 after each round, sum 1 after the last (times f)
             f = f * d["scale"]
         return [ar.lincomb([v], [1 / f]) for v in y]
 
     def reference(self, rows: np.ndarray) -> np.ndarray:
-        return exact_power_softmax(rows, self.p, self.eps) if self.kind == "power" else exact_softmax(rows)
+        return (
+            exact_power_softmax(rows, self.p, self.eps)
+            if self.kind == "power"
+            else exact_softmax(rows)
+        )
 
     def clear(self, rows: np.ndarray, ar: ClearArith | None = None) -> np.ndarray:
         ar = ar or ClearArith()

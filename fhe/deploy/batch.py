@@ -47,8 +47,14 @@ class Worker:
         return self.runtime.run(self.keys, payload)
 
 
-def run_batch(server: str | Path, keys: bytes, payloads: list[bytes], workers: int = 0, address: str | None = None,
-              progress: Callable[[int], None] | None = None) -> BatchResult:
+def run_batch(
+    server: str | Path,
+    keys: bytes,
+    payloads: list[bytes],
+    workers: int = 0,
+    address: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> BatchResult:
     """Answers every payload with the server artifact at ``server`` and the client's ``keys``.
 
     ``workers`` > 0 starts a local Ray with that many workers; ``address`` joins an existing cluster
@@ -67,8 +73,9 @@ def run_batch(server: str | Path, keys: bytes, payloads: list[bytes], workers: i
     return _run_on_ray(str(Path(server).resolve()), keys, payloads, workers, address, progress)
 
 
-def _run_on_ray(server: str, keys: bytes, payloads: list[bytes], workers: int, address: str | None,
-                progress) -> BatchResult:
+def _run_on_ray(
+    server: str, keys: bytes, payloads: list[bytes], workers: int, address: str | None, progress
+) -> BatchResult:
     import ray
     from ray.util import ActorPool
 
@@ -79,11 +86,17 @@ def _run_on_ray(server: str, keys: bytes, payloads: list[bytes], workers: int, a
         threads = None
     else:
         cores = os.cpu_count() or 1
-        ray.init(num_cpus=max(workers, cores), include_dashboard=False, ignore_reinit_error=True,
-                 log_to_driver=False)
+        ray.init(
+            num_cpus=max(workers, cores),
+            include_dashboard=False,
+            ignore_reinit_error=True,
+            log_to_driver=False,
+        )
         threads = max(1, cores // workers)
     env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}} if threads else None
-    actor = ray.remote(num_cpus=1, runtime_env=env)(Worker) if env else ray.remote(num_cpus=1)(Worker)
+    actor = (
+        ray.remote(num_cpus=1, runtime_env=env)(Worker) if env else ray.remote(num_cpus=1)(Worker)
+    )
     keys_ref = ray.put(keys)
     actors = [actor.remote(server, keys_ref) for _ in range(workers)]
     per_worker = ray.get([a.ready.remote() for a in actors])
@@ -101,11 +114,16 @@ def _run_on_ray(server: str, keys: bytes, payloads: list[bytes], workers: int, a
     return BatchResult(outputs, workers, setup, run_s, list(per_worker))
 
 
-def execute_compiled(compiled, x_int, workers: int = 0, address: str | None = None,
-                     progress: Callable[[int], None] | None = None) -> tuple[list, BatchResult]:
-    """Encrypts ``x_int`` with ``compiled``'s TFHE client, answers every sample from a temporary server
-    artifact (on ``workers`` local Ray workers, or the cluster at ``address``), decrypts, and returns the
-    decrypted outputs in order with the batch timings."""
+def execute_compiled(
+    compiled,
+    x_int,
+    workers: int = 0,
+    address: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[list, BatchResult]:
+    """Encrypts ``x_int`` with ``compiled``'s TFHE client, answers every sample from a temporary
+    server artifact (on ``workers`` local Ray workers, or the cluster at ``address``), decrypts, and
+    returns the decrypted outputs in order with the batch timings."""
     import tempfile
 
     import numpy as np
@@ -117,7 +135,16 @@ def execute_compiled(compiled, x_int, workers: int = 0, address: str | None = No
     with tempfile.TemporaryDirectory() as tmp:
         paths = compiled.save(tmp)
         payloads = [wire.pack([circuit.encrypt(xi).serialize()]) for xi in x_int]
-        result = run_batch(paths["server"], circuit.client.evaluation_keys.serialize(), payloads, workers, address,
-                           progress)
-    outs = [np.asarray(circuit.decrypt(cfhe.Value.deserialize(wire.unpack(o)[0]))) for o in result.outputs]
+        result = run_batch(
+            paths["server"],
+            circuit.client.evaluation_keys.serialize(),
+            payloads,
+            workers,
+            address,
+            progress,
+        )
+    outs = [
+        np.asarray(circuit.decrypt(cfhe.Value.deserialize(wire.unpack(o)[0])))
+        for o in result.outputs
+    ]
     return outs, result

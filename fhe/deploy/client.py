@@ -44,8 +44,11 @@ def quantize_input(meta: dict, x: np.ndarray) -> np.ndarray:
 
 
 class Client:
-    def __init__(self, client_dir: str | Path, url: str | None = None, timeout_s: float = 3600.0) -> None:
-        """``url``: the service; without one the client only encrypts and decrypts (e.g. for `fhe batch`)."""
+    def __init__(
+        self, client_dir: str | Path, url: str | None = None, timeout_s: float = 3600.0
+    ) -> None:
+        """``url``: the service; without one the client only encrypts and decrypts (e.g. for `fhe
+        batch`)."""
         import httpx
 
         client_dir = Path(client_dir)
@@ -68,7 +71,8 @@ class Client:
         return self.local.public_keys()
 
     def upload_keys(self) -> str:
-        """The key id on the server, uploading the keys only if the server does not hold them yet."""
+        """The key id on the server, uploading the keys only if the server does not hold them
+        yet."""
         if self.key_id:
             return self.key_id
         blob = self.public_keys()
@@ -83,9 +87,11 @@ class Client:
     # ---------------------------------------------------------------------------- inference
     def encrypt(self, x: np.ndarray) -> bytes:
         shape = self.meta.get("input_shape")
-        if shape is not None and tuple(np.shape(x)[-len(shape):]) != tuple(shape):
-            raise FheError(f"input of shape {np.shape(x)}; this model takes {tuple(shape)}"
-                           + (" (one sample)" if self.scheme == "tfhe" else " per sample"))
+        if shape is not None and tuple(np.shape(x)[-len(shape) :]) != tuple(shape):
+            raise FheError(
+                f"input of shape {np.shape(x)}; this model takes {tuple(shape)}"
+                + (" (one sample)" if self.scheme == "tfhe" else " per sample")
+            )
         if self.scheme == "tfhe":
             return wire.pack([self.local.encrypt(quantize_input(self.meta, x))])
         return wire.pack(self.local.to_wire(self.local.encrypt(np.asarray(x, dtype=np.float64))))
@@ -97,7 +103,9 @@ class Client:
         return self.local.decrypt(self.local.from_wire(items))
 
     def infer(self, payload: bytes) -> tuple[bytes, float]:
-        resp = self.http.post(f"/infer/{self.upload_keys()}", content=payload, headers={"content-type": wire_type()})
+        resp = self.http.post(
+            f"/infer/{self.upload_keys()}", content=payload, headers={"content-type": wire_type()}
+        )
         _raise_for(resp)
         return resp.content, float(resp.headers.get("x-server-seconds", "nan"))
 

@@ -1,4 +1,5 @@
-"""What a server needs to answer one request: a server artifact, a client's evaluation keys, a payload.
+"""What a server needs to answer one request: a server artifact, a client's evaluation keys, a
+payload.
 
 One class per scheme, both with the same three verbs: ``check_keys(blob)`` (refuse keys this circuit
 cannot use, before they are stored), ``load_keys(blob)`` and ``run(keys, payload) -> payload``.
@@ -24,15 +25,17 @@ class KeysError(FheError):
 
 
 def server_dir(path: str | Path) -> Path:
-    """The server artifact at ``path`` (an artifact root holding ``server/``, or the server folder itself),
-    refused if it holds secret-key material."""
+    """The server artifact at ``path`` (an artifact root holding ``server/``, or the server folder
+    itself), refused if it holds secret-key material."""
     path = Path(path)
     folder = path / "server" if (path / "server").is_dir() else path
     verify(folder, "server")
     present = [f for f in SECRET_FILES if (folder / f).exists()]
     if present:
-        raise FheError(f"{folder} holds client files {present}: a server artifact never holds a secret key; "
-                       "serve the server/ folder that `fhe compile --out` wrote")
+        raise FheError(
+            f"{folder} holds client files {present}: a server artifact never holds a secret key; "
+            "serve the server/ folder that `fhe compile --out` wrote"
+        )
     return folder
 
 
@@ -55,30 +58,54 @@ class TfheRuntime:
         self.folder = folder
         self.meta = json.loads((folder / "meta.json").read_text())
         self.server = fhe.Server.load(folder / "server.zip")
-        # Concrete aborts the process when it bootstraps with keys made for other parameters, so keys are
-        # checked against the size of the keys this circuit was compiled with before they are accepted
+        # Concrete aborts the process when it bootstraps with keys made for other parameters, so
+        # keys are
+        # checked against the size of the keys this circuit was compiled with before they are
+        # accepted
         keys = folder / "evaluation_keys.bin"
-        self.expected_key_bytes = keys.stat().st_size if keys.exists() else self.meta.get("evaluation_keys_bytes")
-        self._lock = threading.Lock()  # one circuit execution at a time (it already uses every core)
+        self.expected_key_bytes = (
+            keys.stat().st_size if keys.exists() else self.meta.get("evaluation_keys_bytes")
+        )
+        self._lock = (
+            threading.Lock()
+        )  # one circuit execution at a time (it already uses every core)
 
     def describe(self) -> dict:
-        keep = ("task", "seq_len", "input_shape", "input_scale", "input_zero_point", "input_qmin", "input_qmax",
-                "output_scale", "quant", "ranges", "patch")
-        return {"scheme": self.scheme, **{k: self.meta[k] for k in keep if k in self.meta},
-                "evaluation_keys_bytes": self.expected_key_bytes}
+        keep = (
+            "task",
+            "seq_len",
+            "input_shape",
+            "input_scale",
+            "input_zero_point",
+            "input_qmin",
+            "input_qmax",
+            "output_scale",
+            "quant",
+            "ranges",
+            "patch",
+        )
+        return {
+            "scheme": self.scheme,
+            **{k: self.meta[k] for k in keep if k in self.meta},
+            "evaluation_keys_bytes": self.expected_key_bytes,
+        }
 
     def check_keys(self, blob: bytes):
         """The keys, loaded, if this circuit can use them (else :class:`KeysError`)."""
         if self.expected_key_bytes is not None and len(blob) != self.expected_key_bytes:
-            raise KeysError(f"evaluation keys of {len(blob)} bytes; this circuit's are {self.expected_key_bytes} "
-                            "bytes: keys made for another circuit or parameters")
+            raise KeysError(
+                f"evaluation keys of {len(blob)} bytes; this circuit's are "
+                f"{self.expected_key_bytes} bytes: keys made for another circuit or parameters"
+            )
         return self.load_keys(blob)
 
     def load_keys(self, blob: bytes):
         try:
             return self.fhe.EvaluationKeys.deserialize(blob)
         except RuntimeError as exc:
-            raise KeysError(f"not Concrete evaluation keys: {str(exc).splitlines()[0][:200]}") from exc
+            raise KeysError(
+                f"not Concrete evaluation keys: {str(exc).splitlines()[0][:200]}"
+            ) from exc
 
     def run(self, keys, payload: bytes) -> bytes:
         items = wire.unpack(payload)
@@ -92,8 +119,9 @@ class TfheRuntime:
             try:
                 out = self.server.run(ct, evaluation_keys=keys)
             except RuntimeError as exc:  # e.g. a ciphertext encrypted for another circuit
-                raise wire.PayloadError(f"ciphertext does not fit this circuit: {str(exc).splitlines()[0][:200]}") \
-                    from exc
+                raise wire.PayloadError(
+                    f"ciphertext does not fit this circuit: {str(exc).splitlines()[0][:200]}"
+                ) from exc
         return wire.pack([out.serialize()])
 
 
@@ -107,8 +135,11 @@ class CkksRuntime:
         self.folder = folder
         self.server = self._open(folder)
         if self.server.plan["client_assisted_refresh"]:
-            raise FheError("this CKKS program needs client-assisted refreshes, which a one-request service cannot "
-                           "do; compile it without --refresh (a larger --poly-modulus-degree) to serve it")
+            raise FheError(
+                "this CKKS program needs client-assisted refreshes, which a one-request service "
+                "cannot do; compile it without --refresh (a larger --poly-modulus-degree) to serve "
+                "it"
+            )
         self.params_id = list(self.server.context.seal_context().data.key_parms_id())
         self._lock = threading.Lock()
 
@@ -131,8 +162,10 @@ class CkksRuntime:
         except ValueError as exc:
             raise KeysError("not a serialised TenSEAL context") from exc
         if ctx.has_secret_key():
-            raise KeysError("this context holds a secret key: upload the public context "
-                            "(context.serialize(save_secret_key=False)); the secret key never leaves the client")
+            raise KeysError(
+                "this context holds a secret key: upload the public context "
+                "(context.serialize(save_secret_key=False)); the secret key never leaves the client"
+            )
         if list(ctx.seal_context().data.key_parms_id()) != self.params_id:
             raise KeysError("a context for other CKKS parameters than this program's")
         return ctx
@@ -155,8 +188,9 @@ class CkksRuntime:
 
 
 class PackedCkksRuntime(CkksRuntime):
-    """The packed layout (one sample per ciphertext): keys are a wire payload of (public context, Galois
-    keys), ciphertexts SEAL's own serialisation, one per sample (fhe/backends/ckks_packed.py)."""
+    """The packed layout (one sample per ciphertext): keys are a wire payload of (public context,
+    Galois keys), ciphertexts SEAL's own serialisation, one per sample
+    (fhe/backends/ckks_packed.py)."""
 
     def _open(self, folder: Path):
         from fhe.backends.ckks_packed import PackedServer
@@ -164,7 +198,11 @@ class PackedCkksRuntime(CkksRuntime):
         return PackedServer(folder)
 
     def describe(self) -> dict:
-        return {**super().describe(), "layout": "packed", "rotation_steps": self.server.meta["rotation_steps"]}
+        return {
+            **super().describe(),
+            "layout": "packed",
+            "rotation_steps": self.server.meta["rotation_steps"],
+        }
 
     def load_keys(self, blob: bytes):
         import tenseal.sealapi as sa
@@ -174,10 +212,13 @@ class PackedCkksRuntime(CkksRuntime):
         try:
             items = wire.unpack(blob)
         except wire.PayloadError as exc:
-            raise KeysError(f"packed-layout keys are one wire payload of (public context, Galois keys): {exc}") \
-                from exc
+            raise KeysError(
+                f"packed-layout keys are one wire payload of (public context, Galois keys): {exc}"
+            ) from exc
         if len(items) != 2:
-            raise KeysError(f"packed-layout keys are (public context, Galois keys), got {len(items)} items")
+            raise KeysError(
+                f"packed-layout keys are (public context, Galois keys), got {len(items)} items"
+            )
         ctx = super().load_keys(items[0])
         try:
             galois = from_bytes(sa.GaloisKeys, ctx, items[1])
@@ -185,8 +226,10 @@ class PackedCkksRuntime(CkksRuntime):
             raise KeysError(f"not SEAL Galois keys for this program's parameters: {exc}") from exc
         missing = self.server.missing_rotations(galois)
         if missing:
-            raise KeysError(f"the Galois keys lack {len(missing)} of this program's rotation steps (e.g. "
-                            f"{missing[:4]}); make one per step in GET /model's rotation_steps")
+            raise KeysError(
+                f"the Galois keys lack {len(missing)} of this program's rotation steps (e.g. "
+                f"{missing[:4]}); make one per step in GET /model's rotation_steps"
+            )
         return ctx, galois
 
     def run(self, keys, payload: bytes) -> bytes:
@@ -201,7 +244,9 @@ class PackedCkksRuntime(CkksRuntime):
         except (ValueError, RuntimeError) as exc:
             raise wire.PayloadError(f"not SEAL ciphertexts for this context: {exc}") from exc
         if not cts or any(ct.size() != 2 or list(ct.parms_id()) != first for ct in cts):
-            raise wire.PayloadError("the packed program takes fresh ciphertexts (size 2, top level), one per sample")
+            raise wire.PayloadError(
+                "the packed program takes fresh ciphertexts (size 2, top level), one per sample"
+            )
         with self._lock:
             try:
                 out = self.server.run(cts, keys=keys)

@@ -14,9 +14,9 @@ POST /infer/{key_id}   a payload of ciphertexts (fhe.wire) -> the encrypted resu
 
 Errors are 4xx with ``{"detail": "<what is wrong and what to do>"}``: 400 malformed payload or keys
 for other parameters, 404 unknown key id, 413 body over the limit, 415 wrong content type. Keys are
-written to ``keys_dir`` (one file per key id; default ``uploaded_keys/`` next to the server folder) and survive a
-restart. Executions run one at a time in a worker thread (each already uses every core), so health and
-key requests are answered while a circuit runs.
+written to ``keys_dir`` (one file per key id; default ``uploaded_keys/`` next to the server folder)
+and survive a restart. Executions run one at a time in a worker thread (each already uses every
+core), so health and key requests are answered while a circuit runs.
 """
 
 from __future__ import annotations
@@ -42,23 +42,32 @@ DEFAULT_MAX_PAYLOAD_BYTES = 256 << 20
 KEYS_IN_MEMORY = 2  # deserialised key sets kept (TFHE keys are ~1 GB); the rest reload from disk
 
 
-def create_app(artifact: str | Path, keys_dir: str | Path | None = None,
-               max_keys_bytes: int = DEFAULT_MAX_KEYS_BYTES,
-               max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> FastAPI:
+def create_app(
+    artifact: str | Path,
+    keys_dir: str | Path | None = None,
+    max_keys_bytes: int = DEFAULT_MAX_KEYS_BYTES,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> FastAPI:
     runtime = load_runtime(artifact)
     keys_dir = Path(keys_dir) if keys_dir else runtime.folder.parent / "uploaded_keys"
     keys_dir.mkdir(parents=True, exist_ok=True)
     loaded: OrderedDict[str, object] = OrderedDict()
     lock = threading.Lock()  # `loaded` is touched from the event loop and from worker threads
-    app = FastAPI(title="fhe-attention", description="Encrypted inference: the server never sees the data.")
+    app = FastAPI(
+        title="fhe-attention", description="Encrypted inference: the server never sees the data."
+    )
 
     async def body(request: Request, limit: int) -> bytes:
         kind = request.headers.get("content-type", "").split(";")[0].strip()
         if kind != OCTET:
-            raise HTTPException(415, f"send the bytes as {OCTET}, got {kind or 'no content type'!r}")
+            raise HTTPException(
+                415, f"send the bytes as {OCTET}, got {kind or 'no content type'!r}"
+            )
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            raise HTTPException(413, f"body of {declared} bytes is over this server's limit of {limit} bytes")
+            raise HTTPException(
+                413, f"body of {declared} bytes is over this server's limit of {limit} bytes"
+            )
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
@@ -80,7 +89,9 @@ def create_app(artifact: str | Path, keys_dir: str | Path | None = None,
         try:
             keys = runtime.load_keys(path.read_bytes())
         except KeysError as exc:
-            raise HTTPException(400, f"stored keys {key_id} are unreadable: {exc}; upload them again") from exc
+            raise HTTPException(
+                400, f"stored keys {key_id} are unreadable: {exc}; upload them again"
+            ) from exc
         remember(key_id, keys)
         return keys
 
@@ -109,7 +120,9 @@ def create_app(artifact: str | Path, keys_dir: str | Path | None = None,
         key_id = hashlib.sha256(blob).hexdigest()
         path = keys_dir / f"{key_id}.bin"
         if not path.exists():
-            tmp = path.with_suffix(f".{uuid.uuid4().hex}.tmp")  # concurrent uploads never share a file
+            tmp = path.with_suffix(
+                f".{uuid.uuid4().hex}.tmp"
+            )  # concurrent uploads never share a file
             tmp.write_bytes(blob)
             tmp.replace(path)
         remember(key_id, keys)  # the first request does not deserialise them again
@@ -130,13 +143,22 @@ def create_app(artifact: str | Path, keys_dir: str | Path | None = None,
             out = await run_in_threadpool(runtime.run, keys, payload)
         except wire.PayloadError as exc:
             raise HTTPException(400, str(exc)) from exc
-        return Response(out, media_type=OCTET, headers={"X-Server-Seconds": f"{time.perf_counter() - start:.6f}"})
+        return Response(
+            out,
+            media_type=OCTET,
+            headers={"X-Server-Seconds": f"{time.perf_counter() - start:.6f}"},
+        )
 
     return app
 
 
-def serve(artifact: str | Path, host: str = "127.0.0.1", port: int = 8000, keys_dir: str | Path | None = None,
-          **limits) -> None:
+def serve(
+    artifact: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    keys_dir: str | Path | None = None,
+    **limits,
+) -> None:
     """Run the service in this process (blocking) with uvicorn."""
     import uvicorn
 

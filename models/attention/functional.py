@@ -1,7 +1,7 @@
 """Pure functional forms of every attention variant: the project's public math API.
 
-Every function takes and returns torch tensors of shape ``(..., T, d)`` (scores are ``(..., T, T)``) in
-any float dtype, with no module state, so tests and both FHE backends can call the math directly.
+Every function takes and returns torch tensors of shape ``(..., T, d)`` (scores are ``(..., T, T)``)
+in any float dtype, with no module state, so tests and both FHE backends can call the math directly.
 
 Papers (full texts in ``../shared/papers``):
 
@@ -87,10 +87,11 @@ def inhibitor(
 def inhibitor_broadcast(
     q: Tensor, k: Tensor, v: Tensor, gamma: float, alpha: float = 0.0, signed: bool = False
 ) -> Tensor:
-    """Inhibitor attention written as the paper states it (Eqs. 5-7), with a broadcast (T, T, d) tensor.
+    """Inhibitor attention written as the paper states it (Eqs. 5-7), with a broadcast (T, T, d)
+    tensor.
 
-    Eq. (6): H_ik = Σ_j (V_jk − Z'_ij)⁺;  Eq. (7): H_ik = Σ_j (V⁺_jk − Z'_ij)⁺ + Σ_j (V⁻_jk + Z'_ij)⁻.
-    Memory O(T²d): kept for evaluation and as the reference of the integer lowering.
+    Eq. (6): H_ik = Σ_j (V_jk − Z'_ij)⁺;  Eq. (7): H_ik = Σ_j (V⁺_jk − Z'_ij)⁺ + Σ_j (V⁻_jk +
+    Z'_ij)⁻. Memory O(T²d): kept for evaluation and as the reference of the integer lowering.
     """
     diff = (q.unsqueeze(-2) - k.unsqueeze(-3)).abs()  # (..., T, T, d)
     z = diff.sum(-1) / gamma  # (..., T, T)  Eq. (5)
@@ -168,9 +169,11 @@ def dct_matrix(n: int, m: int, dtype: torch.dtype = torch.float32, device=None) 
 
 
 def dct_ii(x: Tensor, dim: int = -2, m: int | None = None) -> Tensor:
-    """Orthonormal DCT-II along ``dim`` by Makhoul's FFT algorithm; keeps the first ``m`` coefficients.
+    """Orthonormal DCT-II along ``dim`` by Makhoul's FFT algorithm; keeps the first ``m``
+    coefficients.
 
-    Works for any length without a precomputed matrix; equals ``dct_matrix(n, m) @ x`` along ``dim``.
+    Works for any length without a precomputed matrix; equals ``dct_matrix(n, m) @ x`` along
+    ``dim``.
     """
     x = x.movedim(dim, -1)
     n = x.shape[-1]
@@ -187,7 +190,8 @@ def dct_ii(x: Tensor, dim: int = -2, m: int | None = None) -> Tensor:
 
 
 def idct_ii(c: Tensor, n: int, dim: int = -2) -> Tensor:
-    """Inverse of :func:`dct_ii` (D̄ᵀ c): zero-pads ``m`` coefficients back to length ``n`` first."""
+    """Inverse of :func:`dct_ii` (D̄ᵀ c): zero-pads ``m`` coefficients back to length ``n``
+    first."""
     c = c.movedim(dim, -1)
     m = c.shape[-1]
     if m < n:
@@ -211,7 +215,8 @@ def dct_attention(q: Tensor, k: Tensor, v: Tensor, n_bar: int, ideal: bool = Fal
     Algorithm 1 (efficient): Q̄ = D̄Q, K̄ = D̄K, V̄ = D̄V (n̄ × d each), Ā = softmax(Q̄K̄ᵀ/√d) V̄,
     output D̄ᵀĀ. Cost O(n̄²) in the sequence dimension instead of O(n²).
     Algorithm 2 (``ideal=True``, evaluation only): E = QKᵀ/√d is formed explicitly, compressed and
-    reconstructed with a 2-D DCT (Ẽ = D̄ᵀD̄ E D̄ᵀD̄), then softmax(Ẽ) V: no softmax relaxation, O(n²).
+    reconstructed with a 2-D DCT (Ẽ = D̄ᵀD̄ E D̄ᵀD̄), then softmax(Ẽ) V: no softmax relaxation,
+    O(n²).
     """
     n = q.shape[-2]
     n_bar = min(n_bar, n)

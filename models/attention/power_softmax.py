@@ -19,16 +19,18 @@ class PowerSoftmaxAttention(MultiHeadAttention):
 
     Training form (Fig. 2 middle): stable PowerSoftmax (Eq. 6) with ε-Lipschitz division (Eq. 5):
     H = N_ε((S/c)^p) V with S = QKᵀ/√d. Inference form for the polynomial model (Fig. 2 right):
-    length-agnostic division (Eq. 7), selected with ``inference_form=True``. Eq. 7 as printed has no ε:
-    ε (Eq. 5) is added to the stable form's normalised powers, whose sum is ≥ 1, where it is negligible;
-    added to the un-normalised mean of the inference form it would dominate small scores (measured on
-    a digits model: 65.0% with ``inference_eps = 0``, 40.8% with ε = 1e-3), so ``inference_eps`` is 0
-    unless the model was trained in the length-agnostic form itself (``power_form``), where ε also
-    bounds the polynomial division's interval from below (Eq. 5's purpose).
-    The latest scores are kept in ``last_range`` so training can add the range loss of Eq. (9).
+    length-agnostic division (Eq. 7), selected with ``inference_form=True``. Eq. 7 as printed has no
+    ε: ε (Eq. 5) is added to the stable form's normalised powers, whose sum is ≥ 1, where it is
+    negligible; added to the un-normalised mean of the inference form it would dominate small scores
+    (measured on a digits model: 65.0% with ``inference_eps = 0``, 40.8% with ε = 1e-3), so
+    ``inference_eps`` is 0 unless the model was trained in the length-agnostic form itself
+    (``power_form``), where ε also bounds the polynomial division's interval from below (Eq. 5's
+    purpose). The latest scores are kept in ``last_range`` so training can add the range loss of Eq.
+    (9).
 
-    FHE note: only x^p (log2 p squarings), a mean with a clear 1/L, and one reciprocal that Goldschmidt
-    iterations approximate on a calibrated interval; multiplicative depth, not PBS, is the cost.
+    FHE note: only x^p (log2 p squarings), a mean with a clear 1/L, and one reciprocal that
+    Goldschmidt iterations approximate on a calibrated interval; multiplicative depth, not PBS, is
+    the cost.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -49,17 +51,24 @@ class PowerSoftmaxAttention(MultiHeadAttention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, nh, T, T)
         if self.track_range:
-            self.last_range = AF.power_softmax_range(scores, self.range_threshold)  # Eq. (9) summand
+            self.last_range = AF.power_softmax_range(
+                scores, self.range_threshold
+            )  # Eq. (9) summand
         if self.form == "length-agnostic" or self.inference_form:
-            attn = AF.power_softmax(scores, self.p, self.inference_eps, length_agnostic=True)  # Eq. (7)
+            attn = AF.power_softmax(
+                scores, self.p, self.inference_eps, length_agnostic=True
+            )  # Eq. (7)
         else:
             attn = AF.power_softmax(scores, self.p, self.eps, stable=True)  # Eqs. (5), (6)
         return attn @ v  # (B, nh, T, dh)
 
 
 def _sum_ranges(model: torch.nn.Module, kind: type | None) -> Tensor:
-    terms = [m.last_range for m in model.modules()
-             if hasattr(m, "last_range") and (isinstance(m, PowerSoftmaxAttention) == (kind is not None))]
+    terms = [
+        m.last_range
+        for m in model.modules()
+        if hasattr(m, "last_range") and (isinstance(m, PowerSoftmaxAttention) == (kind is not None))
+    ]
     terms = [t for t in terms if t is not None]
     return torch.stack(terms).sum() if terms else torch.zeros(())
 
@@ -70,14 +79,17 @@ def range_loss(model: torch.nn.Module) -> Tensor:
 
 
 def activation_range_loss(model: torch.nn.Module) -> Tensor:
-    """The activation range loss (Alg. 1 step 2, after Zimerman et al.): the sum over FFN activations
-    of max |input|, which narrows the interval (hence the degree) of the polynomial activation."""
+    """The activation range loss (Alg. 1 step 2, after Zimerman et al.): the sum over FFN
+    activations of max |input|, which narrows the interval (hence the degree) of the polynomial
+    activation."""
     return _sum_ranges(model, None)
 
 
-def set_range_tracking(model: torch.nn.Module, enabled: bool, threshold: float = 0.0,
-                       act_threshold: float = 0.0) -> None:
-    """Record ranges on the next forward; thresholds turn the losses into hinges (see power_softmax_range)."""
+def set_range_tracking(
+    model: torch.nn.Module, enabled: bool, threshold: float = 0.0, act_threshold: float = 0.0
+) -> None:
+    """Record ranges on the next forward; thresholds turn the losses into hinges (see
+    power_softmax_range)."""
     for m in model.modules():
         if hasattr(m, "track_range"):
             m.track_range = enabled

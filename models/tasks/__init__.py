@@ -11,7 +11,8 @@ TASKS = ("adding", "digits", "mnist", "imdb")
 
 
 def default_data_dir(task: str) -> Path:
-    """``FHE_<TASK>_DIR``, else ``FHE_DATA_DIR/<task>``, else ``../shared/data/<task>`` beside the repo."""
+    """``FHE_<TASK>_DIR``, else ``FHE_DATA_DIR/<task>``, else ``../shared/data/<task>`` beside the
+    repo."""
     env = os.environ.get(f"FHE_{task.upper()}_DIR")
     if env:
         return Path(env)
@@ -21,8 +22,14 @@ def default_data_dir(task: str) -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "data" / task
 
 
-def load_task(name: str, data_dir: str | Path | None = None, seq_len: int | None = None,
-              seed: int = 0, limit: int | None = None, patch: int | None = None) -> TaskData:
+def load_task(
+    name: str,
+    data_dir: str | Path | None = None,
+    seq_len: int | None = None,
+    seed: int = 0,
+    limit: int | None = None,
+    patch: int | None = None,
+) -> TaskData:
     """Loads a task by name. ``seq_len`` applies to adding (default 100) and imdb (default 128);
     ``patch`` (digits, mnist) makes tokens of patch×patch pixels instead of rows; ``limit`` caps the
     number of training samples (quick runs)."""
@@ -51,10 +58,21 @@ def load_task(name: str, data_dir: str | Path | None = None, seq_len: int | None
     return data
 
 
-def load_task_of(record: dict, data_dir: str | Path | None = None, seq_len: int | None = None) -> TaskData:
+def load_task_of(
+    record: dict, data_dir: str | Path | None = None, seq_len: int | None = None
+) -> TaskData:
     """The task a model was trained on, from the task record its checkpoint or artifact stores."""
     meta = record.get("meta") or {}
     return load_task(record["name"], data_dir=data_dir, seq_len=seq_len, patch=meta.get("patch"))
 
 
-__all__ = ["TASKS", "load_task_of", "DataFileError", "Metric", "TaskData", "default_data_dir", "load_task", "score"]
+__all__ = [
+    "TASKS",
+    "load_task_of",
+    "DataFileError",
+    "Metric",
+    "TaskData",
+    "default_data_dir",
+    "load_task",
+    "score",
+]

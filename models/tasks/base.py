@@ -60,13 +60,15 @@ def require_file(path, option: str, hint: str = "") -> None:
     from pathlib import Path
 
     if not Path(path).exists():
-        raise DataFileError(f"data file not found: {path} (set it with {option}){'; ' + hint if hint else ''}")
+        raise DataFileError(
+            f"data file not found: {path} (set it with {option}){'; ' + hint if hint else ''}"
+        )
 
 
 def to_patches(images, patch: int | None):
     """(N, H, W) images as sequences: rows (``patch`` None: H tokens of W pixels) or non-overlapping
-    ``patch``×``patch`` squares in row-major order ((H/p)·(W/p) tokens of p² pixels). Fewer tokens make
-    attention cheaper under encryption (its cost grows with T²)."""
+    ``patch``×``patch`` squares in row-major order ((H/p)·(W/p) tokens of p² pixels). Fewer tokens
+    make attention cheaper under encryption (its cost grows with T²)."""
     if patch is None:
         return images
     n, h, w = images.shape

@@ -32,7 +32,8 @@ def read_csv(path: Path) -> tuple[list[str], list[int]]:
 
 
 def build_vocab(texts: list[str], size: int) -> list[str]:
-    """The ``size - 2`` most frequent training words after <pad> and <unk> (ties broken alphabetically)."""
+    """The ``size - 2`` most frequent training words after <pad> and <unk> (ties broken
+    alphabetically)."""
     counts = Counter(w for t in texts for w in tokenize(t))
     words = sorted(counts, key=lambda w: (-counts[w], w))[: size - 2]
     return ["<pad>", "<unk>", *words]
@@ -54,6 +55,15 @@ def load_imdb(data_dir: str | Path, seq_len: int = 128, vocab_size: int = 10000)
     tr_text, tr_y = read_csv(data_dir / "imdb_train_6000.csv.gz")
     te_text, te_y = read_csv(data_dir / "imdb_test_4000.csv.gz")
     vocab = build_vocab(tr_text, vocab_size)
-    return TaskData("imdb", encode(tr_text, vocab, seq_len), torch.tensor(tr_y), encode(te_text, vocab, seq_len),
-                    torch.tensor(te_y), InputKind.TOKENS, len(vocab), 2, Metric.ACCURACY,
-                    meta={"vocab": vocab, "seq_len": seq_len})
+    return TaskData(
+        "imdb",
+        encode(tr_text, vocab, seq_len),
+        torch.tensor(tr_y),
+        encode(te_text, vocab, seq_len),
+        torch.tensor(te_y),
+        InputKind.TOKENS,
+        len(vocab),
+        2,
+        Metric.ACCURACY,
+        meta={"vocab": vocab, "seq_len": seq_len},
+    )

@@ -26,7 +26,9 @@ def _read_bytes(path: Path) -> bytes:
     parts = sorted(gz.parent.glob(gz.name + ".part*"))
     if parts:
         return gzip.decompress(b"".join(p.read_bytes() for p in parts))
-    raise DataFileError(f"MNIST file not found: {gz} (nor its .partNN pieces); set the folder with {OPTION}")
+    raise DataFileError(
+        f"MNIST file not found: {gz} (nor its .partNN pieces); set the folder with {OPTION}"
+    )
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -38,12 +40,18 @@ def read_idx(path: Path) -> np.ndarray:
         return np.frombuffer(raw, dtype=np.uint8, count=n, offset=8)
     if magic == 2051:
         n, rows, cols = struct.unpack(">III", raw[4:16])
-        return np.frombuffer(raw, dtype=np.uint8, count=n * rows * cols, offset=16).reshape(n, rows, cols)
+        return np.frombuffer(raw, dtype=np.uint8, count=n * rows * cols, offset=16).reshape(
+            n, rows, cols
+        )
     raise ValueError(f"{path}: not an IDX file (magic {magic})")
 
 
-def load_mnist(data_dir: str | Path, n_train: int | None = None, n_test: int | None = None,
-               patch: int | None = None) -> TaskData:
+def load_mnist(
+    data_dir: str | Path,
+    n_train: int | None = None,
+    n_test: int | None = None,
+    patch: int | None = None,
+) -> TaskData:
     data_dir = Path(data_dir)
     require_file(data_dir, OPTION, "it should hold the MNIST IDX .gz files")
     x_tr = read_idx(data_dir / "train-images-idx3-ubyte.gz")[:n_train]
@@ -57,6 +65,15 @@ def load_mnist(data_dir: str | Path, n_train: int | None = None, n_test: int | N
     def to_y(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a.astype(np.int64))
 
-    return TaskData("mnist", to_x(x_tr), to_y(y_tr), to_x(x_te), to_y(y_te), InputKind.PATCHES,
-                    28 if patch is None else patch * patch, 10, Metric.ACCURACY,
-                    meta={"pixel_scale": 255.0, "patch": patch})
+    return TaskData(
+        "mnist",
+        to_x(x_tr),
+        to_y(y_tr),
+        to_x(x_te),
+        to_y(y_te),
+        InputKind.PATCHES,
+        28 if patch is None else patch * patch,
+        10,
+        Metric.ACCURACY,
+        meta={"pixel_scale": 255.0, "patch": patch},
+    )

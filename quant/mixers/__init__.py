@@ -14,7 +14,9 @@ from collections.abc import Callable
 from models.config import AttentionKind
 from models.registry import KindRegistry, import_modules
 
-MixerLowering = Callable  # (Lowering, nn.Module, QValue, str, TransformerConfig) -> (QValue, nn.Linear)
+MixerLowering = (
+    Callable  # (Lowering, nn.Module, QValue, str, TransformerConfig) -> (QValue, nn.Linear)
+)
 LOWERINGS: KindRegistry[MixerLowering] = KindRegistry("integer lowering")
 register_mixer = LOWERINGS.register
 

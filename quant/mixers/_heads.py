@@ -1,4 +1,5 @@
-"""What every Q/K/V attention lowering shares: the projections, their requantisation, head split/merge."""
+"""What every Q/K/V attention lowering shares: the projections, their requantisation, head
+split/merge."""
 
 from __future__ import annotations
 

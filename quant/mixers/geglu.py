@@ -1,4 +1,5 @@
-"""Activator (Activator paper Eqs. 8-10): a GEGLU unit in place of attention (and GEGLU-only blocks)."""
+"""Activator (Activator paper Eqs. 8-10): a GEGLU unit in place of attention (and GEGLU-only
+blocks)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ def lower_geglu(low: Lowering, unit, h: QValue, name: str) -> tuple[QValue, torc
     g = low.linear(h, unit.up_gate.weight, unit.up_gate.bias, f"{name}.gate", f"{name}.geglu")
     u = low.requant(u, f"{name}.up.out", f"{name}.geglu", signed=True)  # P1
     g = low.lut(g, torch.nn.functional.gelu, f"{name}.gelu", f"{name}.geglu", signed=True)  # P2
-    p = low.requant(low.mul(u, g, f"{name}.prod", f"{name}.geglu"), f"{name}.prod.out", f"{name}.geglu",
-                    signed=True)
+    p = low.requant(
+        low.mul(u, g, f"{name}.prod", f"{name}.geglu"),
+        f"{name}.prod.out",
+        f"{name}.geglu",
+        signed=True,
+    )
     return p, unit.down

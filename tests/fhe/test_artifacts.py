@@ -1,4 +1,5 @@
-"""Artifacts carry a manifest of SHA-256 digests; a missing, corrupt or foreign file is named on load."""
+"""Artifacts carry a manifest of SHA-256 digests; a missing, corrupt or foreign file is named on
+load."""
 
 import json
 
@@ -14,7 +15,9 @@ from quant.config import QuantConfig
 @pytest.fixture(scope="module")
 def backend():
     built = build(CircuitSpec(Variant.INHIBITOR, 2, d=2, n_bits=3))
-    return TfheBackend.compile(built.graph, built.calib_ints, TfheParams(quant=QuantConfig(n_bits=3), inputset_size=16))
+    return TfheBackend.compile(
+        built.graph, built.calib_ints, TfheParams(quant=QuantConfig(n_bits=3), inputset_size=16)
+    )
 
 
 @pytest.fixture
@@ -25,7 +28,9 @@ def artifact(backend, tmp_path):
 def test_a_fresh_artifact_verifies(artifact):
     doc = verify(artifact["server"], "server")
     assert doc["scheme"] == "tfhe" and "server.zip" in doc["files"]
-    assert not [p for p in artifact["server"].parent.iterdir() if p.name.startswith(".")]  # no temporary left
+    assert not [
+        p for p in artifact["server"].parent.iterdir() if p.name.startswith(".")
+    ]  # no temporary left
 
 
 def test_a_flipped_byte_is_named(artifact):

@@ -1,4 +1,5 @@
-"""Encrypted CKKS runs (TenSEAL) against the clear polynomial program, and the secret key boundary."""
+"""Encrypted CKKS runs (TenSEAL) against the clear polynomial program, and the secret key
+boundary."""
 
 import json
 
@@ -35,10 +36,15 @@ def assert_matches_clear(cm, n=64):
 def test_geglu_program_runs_encrypted_without_refresh():
     cm = compiled(tiny(attention="geglu-only"))
     rep = assert_matches_clear(cm)
-    assert rep["poly_modulus_degree"] == 16384 and rep["depth"] <= 7 and not rep["client_assisted_refresh"]
+    assert (
+        rep["poly_modulus_degree"] == 16384
+        and rep["depth"] <= 7
+        and not rep["client_assisted_refresh"]
+    )
     assert rep["op_counts"]["client_refresh"] == 0 and rep["op_counts"]["rotation"] == 0
     assert rep["key_sizes_bytes"]["galois_keys"] == 0 and rep["key_sizes_bytes"]["relin_keys"] > 0
-    # one compiled-model class for both schemes: CKKS's codec is the identity, and there is no integer program
+    # one compiled-model class for both schemes: CKKS's codec is the identity, and there is no
+    # integer program
     x = torch.randn(5, 4, 3, dtype=torch.float64).numpy()
     np.testing.assert_array_equal(cm.simulate(x), cm.clear(x))
     assert cm.model.config.attention.value == "geglu-only"
@@ -57,12 +63,15 @@ def test_power_softmax_runs_encrypted_with_a_labelled_refresh():
 
 @pytest.mark.parametrize("kind", ["dot-product", "dct", "inhibitor"])
 def test_every_kind_runs_encrypted(kind):
-    """exp and Goldschmidt (dot-product, DCT-Former) and the Inhibitor's |x| and ReLU polynomials, encrypted
-    (N = 8192 with labelled refreshes keeps the run to seconds), against the clear polynomial program."""
+    """exp and Goldschmidt (dot-product, DCT-Former) and the Inhibitor's |x| and ReLU polynomials,
+    encrypted (N = 8192 with labelled refreshes keeps the run to seconds), against the clear
+    polynomial program."""
     overrides = {"seq_len": 3, "d_model": 2, "n_heads": 1} if kind == "inhibitor" else {}
     model = tiny(attention=kind, **overrides)
     calib = torch.randn(300, model.config.seq_len, 3, dtype=torch.float64)
-    cm = compile_model(model, calib, CkksParams(approx=LOOSE, poly_modulus_degree=8192, refresh=True))
+    cm = compile_model(
+        model, calib, CkksParams(approx=LOOSE, poly_modulus_degree=8192, refresh=True)
+    )
     x = torch.randn(32, model.config.seq_len, 3, dtype=torch.float64).numpy()
     cm.keygen()
     enc, clear = cm.encrypt_run_decrypt(x), cm.clear(x)
@@ -98,27 +107,89 @@ def test_server_artifact_holds_no_secret_key(tmp_path):
 @pytest.fixture(scope="module")
 def ps_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckks") / "ps.pt"
-    res = CliRunner().invoke(main, ["train", "--task", "digits", "--attention", "power-softmax", "--norm", "none",
-                                    "--ffn-activation", "gelu", "--power-form", "length-agnostic", "--d-model",
-                                    "4", "--heads", "1", "--epochs", "3", "--quiet", "-o", str(path)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--task",
+            "digits",
+            "--attention",
+            "power-softmax",
+            "--norm",
+            "none",
+            "--ffn-activation",
+            "gelu",
+            "--power-form",
+            "length-agnostic",
+            "--d-model",
+            "4",
+            "--heads",
+            "1",
+            "--epochs",
+            "3",
+            "--quiet",
+            "-o",
+            str(path),
+        ],
+    )
     assert res.exit_code == 0, res.output
     return path
 
 
 def test_cli_compile_report_and_encrypted_compare(ps_checkpoint, tmp_path):
     rep_path = tmp_path / "rep.json"
-    res = CliRunner().invoke(main, ["compile", str(ps_checkpoint), "--scheme", "ckks", "--no-run", "--refresh",
-                                    "--poly-modulus-degree", "8192", "--json", str(rep_path)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "compile",
+            str(ps_checkpoint),
+            "--scheme",
+            "ckks",
+            "--no-run",
+            "--refresh",
+            "--poly-modulus-degree",
+            "8192",
+            "--json",
+            str(rep_path),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rep = json.loads(rep_path.read_text())
-    for key in ("scheme", "depth", "depth_per_tag", "poly_modulus_degree", "coeff_mod_bit_sizes", "scale_bits",
-                "security_bits", "op_counts", "key_sizes_bytes", "timings_s", "seq_len"):
+    for key in (
+        "scheme",
+        "depth",
+        "depth_per_tag",
+        "poly_modulus_degree",
+        "coeff_mod_bit_sizes",
+        "scale_bits",
+        "security_bits",
+        "op_counts",
+        "key_sizes_bytes",
+        "timings_s",
+        "seq_len",
+    ):
         assert key in rep, key
     assert rep["scheme"] == "ckks" and rep["seq_len"] == 8 and rep["security_bits"] == 128
     assert rep["coeff_mod_bit_sizes"] == [60, 40, 40, 60]
     out = tmp_path / "cmp.json"
-    res = CliRunner().invoke(main, ["compare", str(ps_checkpoint), "--scheme", "ckks", "--mode", "execute", "--n",
-                                    "40", "--refresh", "--poly-modulus-degree", "8192", "--json", str(out)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            str(ps_checkpoint),
+            "--scheme",
+            "ckks",
+            "--mode",
+            "execute",
+            "--n",
+            "40",
+            "--refresh",
+            "--poly-modulus-degree",
+            "8192",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     cmp = json.loads(out.read_text())
     assert cmp["n"] == 40 and cmp["mse_encrypted_vs_clear"]["max_per_sample"] < 1e-4
@@ -127,8 +198,18 @@ def test_cli_compile_report_and_encrypted_compare(ps_checkpoint, tmp_path):
 
 
 def test_cli_depth_error_names_the_fix(ps_checkpoint):
-    res = CliRunner().invoke(main, ["compile", str(ps_checkpoint), "--scheme", "ckks", "--no-run",
-                                    "--poly-modulus-degree", "8192"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "compile",
+            str(ps_checkpoint),
+            "--scheme",
+            "ckks",
+            "--no-run",
+            "--poly-modulus-degree",
+            "8192",
+        ],
+    )
     assert res.exit_code == 1 and "multiplicative depth" in res.output and "--refresh" in res.output
 
 
@@ -138,8 +219,10 @@ def test_operands_keep_their_level_despite_tenseals_in_place_mod_switch():
     from fhe.backends.ckks import CkksArith
     from fhe.ckks import Val
 
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, poly_modulus_degree=8192, coeff_mod_bit_sizes=[60, 40, 40, 60])
-    ctx.global_scale = 2.0 ** 40
+    ctx = ts.context(
+        ts.SCHEME_TYPE.CKKS, poly_modulus_degree=8192, coeff_mod_bit_sizes=[60, 40, 40, 60]
+    )
+    ctx.global_scale = 2.0**40
     ar = CkksArith(max_depth=2)
     x = Val(ts.ckks_vector(ctx, [0.5, -1.0]), 0)
     y = ar.lincomb([x], [0.5])  # level 1
@@ -151,8 +234,21 @@ def test_operands_keep_their_level_despite_tenseals_in_place_mod_switch():
 
 def test_cli_compile_out_then_fhe_run_serves_from_the_artifacts(ps_checkpoint, tmp_path):
     art = tmp_path / "art"
-    res = CliRunner().invoke(main, ["compile", str(ps_checkpoint), "--scheme", "ckks", "--no-run", "--refresh",
-                                    "--poly-modulus-degree", "8192", "--out", str(art)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "compile",
+            str(ps_checkpoint),
+            "--scheme",
+            "ckks",
+            "--no-run",
+            "--refresh",
+            "--poly-modulus-degree",
+            "8192",
+            "--out",
+            str(art),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert not ts.context_from((art / "server" / "context.public").read_bytes()).has_secret_key()
     res = CliRunner().invoke(main, ["run", str(art), "--sample", "2"])
@@ -167,11 +263,41 @@ def test_cli_compile_out_then_fhe_run_serves_from_the_artifacts(ps_checkpoint, t
 
 def test_train_init_fine_tunes_an_existing_model_in_the_length_agnostic_form(tmp_path):
     base, tuned = tmp_path / "base.pt", tmp_path / "tuned.pt"
-    common = ["train", "--task", "digits", "--attention", "power-softmax", "--norm", "none", "--d-model", "4",
-              "--heads", "1", "--epochs", "1", "--quiet"]
-    assert CliRunner().invoke(main, [*common, "--power-eps", "0.02", "-o", str(base)]).exit_code == 0
-    res = CliRunner().invoke(main, [*common, "--init", str(base), "--power-form", "length-agnostic",
-                                    "--range-loss", "0.1", "--range-threshold", "1", "-o", str(tuned)])
+    common = [
+        "train",
+        "--task",
+        "digits",
+        "--attention",
+        "power-softmax",
+        "--norm",
+        "none",
+        "--d-model",
+        "4",
+        "--heads",
+        "1",
+        "--epochs",
+        "1",
+        "--quiet",
+    ]
+    assert (
+        CliRunner().invoke(main, [*common, "--power-eps", "0.02", "-o", str(base)]).exit_code == 0
+    )
+    res = CliRunner().invoke(
+        main,
+        [
+            *common,
+            "--init",
+            str(base),
+            "--power-form",
+            "length-agnostic",
+            "--range-loss",
+            "0.1",
+            "--range-threshold",
+            "1",
+            "-o",
+            str(tuned),
+        ],
+    )
     assert res.exit_code == 0, res.output
     from models.training import load_checkpoint
 

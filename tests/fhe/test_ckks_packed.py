@@ -1,5 +1,6 @@
-"""The packed CKKS layout: layouts and BSGS maps against dense numpy, the clear packed program against the
-batch program (the same function through rotations and masks), the plan, and real SEAL runs."""
+"""The packed CKKS layout: layouts and BSGS maps against dense numpy, the clear packed program
+against the batch program (the same function through rotations and masks), the plan, and real SEAL
+runs."""
 
 import numpy as np
 import pytest
@@ -24,8 +25,13 @@ LOOSE = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
 
 # ------------------------------------------------------------------------------ layouts and maps
 @settings(max_examples=40, deadline=None)
-@given(t=st.integers(1, 6), cin=st.integers(1, 5), cout=st.integers(1, 7), stride_extra=st.integers(0, 1),
-       seed=st.integers(0, 2**16))
+@given(
+    t=st.integers(1, 6),
+    cin=st.integers(1, 5),
+    cout=st.integers(1, 7),
+    stride_extra=st.integers(0, 1),
+    seed=st.integers(0, 2**16),
+)
 def test_linear_map_equals_the_dense_matrix(t, cin, cout, stride_extra, seed):
     rng = np.random.default_rng(seed)
     stride = max(8, 1 << max(cin, cout).bit_length()) << stride_extra
@@ -34,10 +40,17 @@ def test_linear_map_equals_the_dense_matrix(t, cin, cout, stride_extra, seed):
     x = rng.normal(size=src.size)
     n_slots = 4 * max(src.period, dst.period)
     ar = ClearArith()
-    out = apply_maps(ar, [(ar.encode(src.place(x, n_slots)), linear_map(m, src, dst, n_slots))],
-                     dst.place(np.ones(dst.size), n_slots), Rotations(ar), n_slots)
+    out = apply_maps(
+        ar,
+        [(ar.encode(src.place(x, n_slots)), linear_map(m, src, dst, n_slots))],
+        dst.place(np.ones(dst.size), n_slots),
+        Rotations(ar),
+        n_slots,
+    )
     np.testing.assert_allclose(dst.read(out.data), m @ x + 1, atol=1e-12)
-    np.testing.assert_allclose(out.data, dst.place(m @ x + 1, n_slots), atol=1e-12)  # replicated, zero padding
+    np.testing.assert_allclose(
+        out.data, dst.place(m @ x + 1, n_slots), atol=1e-12
+    )  # replicated, zero padding
     assert out.level == 1  # one level whatever the number of diagonals
 
 
@@ -78,7 +91,9 @@ def test_layout_round_trip_and_bad_layouts():
 # ------------------------------------------------------------------------------ the packed program
 CASES = {
     "power-softmax": dict(),
-    "odd-T-and-widths": dict(seq_len=5, in_features=3, d_model=6, n_heads=2),  # padding, 3-wide heads
+    "odd-T-and-widths": dict(
+        seq_len=5, in_features=3, d_model=6, n_heads=2
+    ),  # padding, 3-wide heads
     "T'=16, 4 heads": dict(seq_len=9, d_model=8, n_heads=4),
     "two-layers": dict(n_layers=2, seq_len=6, d_model=8),
     "dot-product": dict(attention="dot-product"),
@@ -109,14 +124,18 @@ INHIBITOR_CASES = {
 
 
 @pytest.mark.parametrize("overrides", INHIBITOR_CASES.values(), ids=INHIBITOR_CASES.keys())
-@pytest.mark.parametrize("side_by_side", [True, False], ids=["offsets side by side", "offset by offset"])
+@pytest.mark.parametrize(
+    "side_by_side", [True, False], ids=["offsets side by side", "offset by offset"]
+)
 def test_packed_inhibitor_equals_the_batch_program(overrides, side_by_side):
     """Eqs. 5-7 through rotations, masks and one head-sum map give the batch program's numbers."""
     model = tiny(**overrides)
     cfg = model.config
     x = np.random.default_rng(4).normal(size=(40, cfg.seq_len, cfg.in_features))
     program = build_program(model, x, LOOSE)
-    packed = PackedProgram(program, 4096 if side_by_side else min_slots(program))  # one block: no room
+    packed = PackedProgram(
+        program, 4096 if side_by_side else min_slots(program)
+    )  # one block: no room
     assert packed.pack_attention == side_by_side
     np.testing.assert_allclose(packed.clear(x[:6]), program.clear(x[:6]), atol=1e-9)
 
@@ -137,14 +156,21 @@ def test_packed_attention_and_per_offset_attention_agree():
 def test_packed_refuses_what_it_does_not_lower(monkeypatch):
     x = np.random.default_rng(0).normal(size=(30, 4, 3))
     program = build_program(tiny(), x)
-    monkeypatch.delitem(PACKED_LOWERINGS.entries, AttentionKind.POWER_SOFTMAX)  # a kind with no packed lowering
-    with pytest.raises(PolynomialError, match="no lowering registered for power-softmax under CKKS in the packed "
-                                              "layout .*use --layout batch"):
+    monkeypatch.delitem(
+        PACKED_LOWERINGS.entries, AttentionKind.POWER_SOFTMAX
+    )  # a kind with no packed lowering
+    with pytest.raises(
+        PolynomialError,
+        match="no lowering registered for power-softmax under CKKS in the packed "
+        "layout .*use --layout batch",
+    ):
         PackedProgram(program, 4096)
     monkeypatch.undo()
     x5 = np.random.default_rng(0).normal(size=(30, 5, 3))
     with pytest.raises(FheError, match="power-of-two sequence length"):
-        PackedProgram(build_program(tiny(attention="inhibitor", seq_len=5), x5, LOOSE), 4096).clear(x5[:1])
+        PackedProgram(build_program(tiny(attention="inhibitor", seq_len=5), x5, LOOSE), 4096).clear(
+            x5[:1]
+        )
     with pytest.raises(ValueError, match="one sample of shape"):
         PackedProgram(program, 4096).encode_input(x[:2])
     with pytest.raises(FheError, match="refresh"):
@@ -155,7 +181,9 @@ def test_packed_refuses_what_it_does_not_lower(monkeypatch):
 @pytest.fixture(scope="module")
 def packed_geglu():
     calib = torch.randn(300, 4, 3, dtype=torch.float64)
-    cm = compile_model(tiny(attention="geglu-only"), calib, CkksParams(approx=LOOSE, layout="packed"))
+    cm = compile_model(
+        tiny(attention="geglu-only"), calib, CkksParams(approx=LOOSE, layout="packed")
+    )
     cm.keygen()
     return cm
 
@@ -179,7 +207,9 @@ def test_packed_encrypted_run_matches_the_clear_program(packed_geglu):
 def test_packed_artifacts_run_and_hold_no_secret_key(packed_geglu, tmp_path):
     cm = packed_geglu
     paths = cm.save(tmp_path, include_secret_key=True)
-    assert not (paths["client"] / "program.npz").exists()  # the client gets layouts, not the weights
+    assert not (
+        paths["client"] / "program.npz"
+    ).exists()  # the client gets layouts, not the weights
     server = PackedServer(paths["server"])
     assert server.context.is_public() and not server.context.has_secret_key()
     secret = secret_key_windows(cm.backend.client_ctx)
@@ -191,14 +221,20 @@ def test_packed_artifacts_run_and_hold_no_secret_key(packed_geglu, tmp_path):
     x = torch.randn(2, 4, 3, dtype=torch.float64).numpy()
     out = client.decrypt(server.run(client.encrypt(x)))
     np.testing.assert_allclose(out, cm.clear(x), atol=1e-3)
-    assert isinstance(ts.context_from((paths["server"] / "context.public").read_bytes()), ts.Context)
+    assert isinstance(
+        ts.context_from((paths["server"] / "context.public").read_bytes()), ts.Context
+    )
 
 
 def test_galois_key_memory_formula_bounds_the_saved_keys(packed_geglu, tmp_path):
     rep = packed_geglu.report()
     saved = packed_geglu.save(tmp_path, include_secret_key=False)["server"] / "galois.keys"
     on_disk = saved.stat().st_size  # SEAL's compressed serialisation
-    assert 0.5 * rep["key_sizes_bytes"]["galois_keys"] < on_disk <= 1.01 * rep["key_sizes_bytes"]["galois_keys"]
+    assert (
+        0.5 * rep["key_sizes_bytes"]["galois_keys"]
+        < on_disk
+        <= 1.01 * rep["key_sizes_bytes"]["galois_keys"]
+    )
 
 
 def test_cli_compiles_and_runs_a_packed_model(tmp_path):
@@ -207,12 +243,45 @@ def test_cli_compiles_and_runs_a_packed_model(tmp_path):
     from fhe.cli import main
 
     model = tmp_path / "g.pt"
-    res = CliRunner().invoke(main, ["train", "--task", "digits", "--attention", "geglu-only", "--norm", "none",
-                                    "--d-model", "4", "--epochs", "1", "--quiet", "-o", str(model)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--task",
+            "digits",
+            "--attention",
+            "geglu-only",
+            "--norm",
+            "none",
+            "--d-model",
+            "4",
+            "--epochs",
+            "1",
+            "--quiet",
+            "-o",
+            str(model),
+        ],
+    )
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(main, ["compile", str(model), "--scheme", "ckks", "--layout", "packed", "--calib", "500",
-                                    "--activation-tol", "0.05", "--json", str(tmp_path / "r.json"),
-                                    "--out", str(tmp_path / "art")])
+    res = CliRunner().invoke(
+        main,
+        [
+            "compile",
+            str(model),
+            "--scheme",
+            "ckks",
+            "--layout",
+            "packed",
+            "--calib",
+            "500",
+            "--activation-tol",
+            "0.05",
+            "--json",
+            str(tmp_path / "r.json"),
+            "--out",
+            str(tmp_path / "art"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "packed layout" in res.output and "rotation steps" in res.output
     err = float(res.output.split("max |error|")[1].split()[0])
@@ -224,9 +293,12 @@ def test_cli_compiles_and_runs_a_packed_model(tmp_path):
 
 @pytest.mark.slow
 def test_packed_inhibitor_runs_encrypted():
-    """The Inhibitor packed, under SEAL: depth ~22 needs N = 32768 at 2^33 (~50 s keygen, ~25 s a query)."""
+    """The Inhibitor packed, under SEAL: depth ~22 needs N = 32768 at 2^33 (~50 s keygen, ~25 s a
+    query)."""
     calib = torch.randn(300, 4, 3, dtype=torch.float64)
-    cm = compile_model(tiny(attention="inhibitor"), calib, CkksParams(approx=LOOSE, layout="packed", scale_bits=33))
+    cm = compile_model(
+        tiny(attention="inhibitor"), calib, CkksParams(approx=LOOSE, layout="packed", scale_bits=33)
+    )
     cm.keygen()
     x = torch.randn(2, 4, 3, dtype=torch.float64).numpy()
     got = cm.backend.decrypt(cm.backend.run(cm.backend.encrypt(x)))

@@ -9,7 +9,14 @@ import torch
 from ckks_models import tiny
 from scipy.special import erf
 
-from fhe.ckks import ApproxConfig, ClearArith, DepthExceededError, PolynomialError, Val, build_program
+from fhe.ckks import (
+    ApproxConfig,
+    ClearArith,
+    DepthExceededError,
+    PolynomialError,
+    Val,
+    build_program,
+)
 from fhe.ckks import approx as A
 from fhe.ckks.planner import DepthError, max_depth, plan_parameters
 from fhe.ckks.program import PolyProgram, float_inference_form
@@ -19,12 +26,16 @@ from fhe.ckks.program import PolyProgram, float_inference_form
 def test_goldschmidt_meets_its_error_bound_and_the_closed_form():
     lo, hi, tol = 0.05, 1.95, 1e-3
     n = A.goldschmidt_iterations(lo, hi, tol, 20)
-    assert A.goldschmidt_scale(1.0, 3.0) == 2.0 and A.goldschmidt_scale(0.1, 3.0, headroom=1.5) == 2.0
+    assert (
+        A.goldschmidt_scale(1.0, 3.0) == 2.0 and A.goldschmidt_scale(0.1, 3.0, headroom=1.5) == 2.0
+    )
     a = np.linspace(lo, hi, 1001)
     y = A.goldschmidt_reciprocal(ClearArith(), Val(a), n).data
     assert np.max(np.abs(a * y - 1)) <= tol
     np.testing.assert_allclose(a * y, 1 - (1 - a) ** (2 ** (n + 1)), rtol=1e-12)  # 1 − e₀^(2ⁿ⁺¹)
-    assert np.max(np.abs(a * A.goldschmidt_reciprocal(ClearArith(), Val(a), n - 1).data - 1)) > tol  # n is minimal
+    assert (
+        np.max(np.abs(a * A.goldschmidt_reciprocal(ClearArith(), Val(a), n - 1).data - 1)) > tol
+    )  # n is minimal
 
 
 def test_goldschmidt_rejects_bad_intervals():
@@ -50,7 +61,9 @@ def test_gelu_fit_follows_eq10_and_is_close_to_erf_gelu():
     t = (x - fit.mid) / fit.half
     got = A.gelu_eval(ClearArith(), Val(t), fit).data
     assert np.max(np.abs(got - x / (1 + np.exp(-1.702 * x)))) <= 1e-2  # Eq. 10, computed naively
-    assert np.max(np.abs(got - 0.5 * x * (1 + erf(x / math.sqrt(2))))) <= 0.03  # Eq. 10 vs exact GELU
+    assert (
+        np.max(np.abs(got - 0.5 * x * (1 + erf(x / math.sqrt(2))))) <= 0.03
+    )  # Eq. 10 vs exact GELU
     with pytest.raises(A.ApproximationError, match="degree"):
         A.gelu_fit(-4.0, 5.0, 1e-2, 3)
 
@@ -78,14 +91,26 @@ def test_levels_and_refresh_rule():
     ar = ClearArith(max_depth=2, refresh=True)
     z = Val(np.full(3, 2.0), 2)
     w = ar.mul(z, z)
-    assert w.level == 1 and np.allclose(w.data, 4.0) and ar.summary()["op_counts"]["client_refresh"] == 1
+    assert (
+        w.level == 1
+        and np.allclose(w.data, 4.0)
+        and ar.summary()["op_counts"]["client_refresh"] == 1
+    )
 
 
 # ------------------------------------------------------------------------------ planner
 def test_planner_depths_match_the_128_bit_table():
     assert [max_depth(n, 40) for n in (8192, 16384, 32768)] == [2, 7, 19]
     plan = plan_parameters(5)
-    assert plan.poly_modulus_degree == 16384 and plan.coeff_mod_bit_sizes == (60, 40, 40, 40, 40, 40, 60)
+    assert plan.poly_modulus_degree == 16384 and plan.coeff_mod_bit_sizes == (
+        60,
+        40,
+        40,
+        40,
+        40,
+        40,
+        60,
+    )
     assert plan_parameters(19).poly_modulus_degree == 32768
     with pytest.raises(DepthError, match=r"depth 25.*attn 20.*--refresh"):
         plan_parameters(25, depth_per_tag={"attn": 20, "head": 25})
@@ -94,49 +119,71 @@ def test_planner_depths_match_the_128_bit_table():
 
 
 # ------------------------------------------------------------------------------ the program
-@pytest.mark.parametrize("overrides", [
-    {},
-    {"power_form": "stable"},
-    {"norm": "layernorm"},
-    {"ffn_activation": "relu", "n_layers": 2},
-    {"attention": "activator", "ffn_activation": "relu"},
-    {"attention": "geglu-only", "norm": "layernorm"},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"power_form": "stable"},
+        {"norm": "layernorm"},
+        {"ffn_activation": "relu", "n_layers": 2},
+        {"attention": "activator", "ffn_activation": "relu"},
+        {"attention": "geglu-only", "norm": "layernorm"},
+    ],
+)
 def test_exact_program_equals_the_float_inference_form(overrides):
     """With exact non-linear functions (calibration mode) the folded affine program is the model."""
     model = tiny(**overrides)
     x = torch.randn(16, 4, 3, dtype=torch.float64)
-    program = PolyProgram(model.config, {k: v.detach().double().numpy() for k, v in model.state_dict().items()})
+    program = PolyProgram(
+        model.config, {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    )
     got = program.clear(x.numpy())
     np.testing.assert_allclose(got, float_inference_form(model, x), atol=1e-9)
 
 
 def test_polynomial_program_tracks_the_float_model():
     model = tiny(norm="layernorm")
-    calib, test = torch.randn(400, 4, 3, dtype=torch.float64), torch.randn(200, 4, 3, dtype=torch.float64)
-    program = build_program(model, calib, ApproxConfig(reciprocal_tol=1e-3, activation_tol=1e-3, invsqrt_tol=1e-3))
+    calib, test = (
+        torch.randn(400, 4, 3, dtype=torch.float64),
+        torch.randn(200, 4, 3, dtype=torch.float64),
+    )
+    program = build_program(
+        model, calib, ApproxConfig(reciprocal_tol=1e-3, activation_tol=1e-3, invsqrt_tol=1e-3)
+    )
     assert {op["kind"] for op in program.ops.values()} == {"reciprocal", "gelu", "invsqrt"}
     ar = ClearArith()
     got = program.clear(test.numpy(), ar)
     ref = float_inference_form(model, test)
     assert np.mean((got - ref) ** 2) < 1e-4
-    assert sum(ar.outside.values()) <= 0.01 * len(test)  # held-out values stay inside the widened intervals
+    assert sum(ar.outside.values()) <= 0.01 * len(
+        test
+    )  # held-out values stay inside the widened intervals
     ar = ClearArith()
-    with np.errstate(all="ignore"):  # polynomials far outside their interval overflow, as they should
+    with np.errstate(
+        all="ignore"
+    ):  # polynomials far outside their interval overflow, as they should
         program.clear(10 * test.numpy(), ar)
     assert sum(ar.outside.values()) > 0  # and inputs far outside calibration are counted
-    with pytest.raises(PolynomialError, match=r"outside the interval calibration covered.*--calib"), \
-            np.errstate(all="ignore"):
+    with (
+        pytest.raises(PolynomialError, match=r"outside the interval calibration covered.*--calib"),
+        np.errstate(all="ignore"),
+    ):
         program.clear(10 * test.numpy(), ClearArith(strict=True))
 
 
-@pytest.mark.parametrize("kind,tol", [("dot-product", 0.01), ("dct", 0.01), ("inhibitor", 0.15),
-                                      ("signed-inhibitor", 0.15)])
+@pytest.mark.parametrize(
+    "kind,tol",
+    [("dot-product", 0.01), ("dct", 0.01), ("inhibitor", 0.15), ("signed-inhibitor", 0.15)],
+)
 def test_every_attention_kind_has_a_polynomial_program_close_to_the_float_model(kind, tol):
-    """exp + Goldschmidt for softmax (and DCT-Former's clear sequence maps), |x| and ReLU polynomials for the
-    Inhibitor: the clear polynomial program against the float model on inputs like the calibration's."""
+    """exp + Goldschmidt for softmax (and DCT-Former's clear sequence maps), |x| and ReLU
+    polynomials for the Inhibitor: the clear polynomial program against the float model on inputs
+    like the calibration's."""
     model = tiny(attention=kind)
-    calib, test = torch.randn(400, 4, 3, dtype=torch.float64), torch.randn(100, 4, 3, dtype=torch.float64)
+    calib, test = (
+        torch.randn(400, 4, 3, dtype=torch.float64),
+        torch.randn(100, 4, 3, dtype=torch.float64),
+    )
     program = build_program(model, calib, ApproxConfig(activation_tol=0.02))
     with torch.no_grad():
         want = model(test).numpy()
@@ -144,7 +191,9 @@ def test_every_attention_kind_has_a_polynomial_program_close_to_the_float_model(
     assert np.max(np.abs(got - want)) < tol * max(1.0, np.abs(want).max())
     assert (got.argmax(1) == want.argmax(1)).mean() >= 0.9
     kinds = {op["kind"] for op in program.ops.values()}
-    assert kinds >= ({"exp", "reciprocal"} if kind in ("dot-product", "dct") else {"abs", "inhibit"})
+    assert kinds >= (
+        {"exp", "reciprocal"} if kind in ("dot-product", "dct") else {"abs", "inhibit"}
+    )
 
 
 def test_dct_ideal_form_is_refused():
@@ -167,12 +216,17 @@ def test_softmax_kernels_against_exact_functions():
     rows = rng.normal(0, 1.0, (3000, 16))
     test = rng.normal(0, 1.0, (100, 16))
     depths, products = {}, {}
-    for kind, ref, tol in (("power", exact_power_softmax(test, 4, 0.05), 1e-2),
-                           ("taylor", exact_softmax(test), 1e-2), ("square", exact_softmax(test), 0.1)):
+    for kind, ref, tol in (
+        ("power", exact_power_softmax(test, 4, 0.05), 1e-2),
+        ("taylor", exact_softmax(test), 1e-2),
+        ("square", exact_softmax(test), 0.1),
+    ):
         kernel = SoftmaxKernel(kind, 16).calibrate(rows)
         ar = ClearArith()
         got = kernel.clear(test, ar)
-        assert np.max(np.abs(got - ref)) <= tol * ref.max(), kind  # Goldschmidt's relative tolerance
+        assert np.max(np.abs(got - ref)) <= tol * ref.max(), (
+            kind
+        )  # Goldschmidt's relative tolerance
         depths[kind] = ar.summary()["depth"]
         products[kind] = ar.summary()["op_counts"]["ct_ct_mul"]
     assert depths["power"] <= depths["taylor"] < depths["square"]
@@ -182,7 +236,9 @@ def test_softmax_kernels_against_exact_functions():
 def test_hinge_range_loss_is_eq9_beyond_the_threshold():
     from models.attention import functional as AF
 
-    scores = torch.tensor([[[[0.5, -2.0], [1.0, 0.1]]], [[[0.3, 0.2], [-0.4, 0.1]]]])  # per-example max 2.0, 0.4
+    scores = torch.tensor(
+        [[[[0.5, -2.0], [1.0, 0.1]]], [[[0.3, 0.2], [-0.4, 0.1]]]]
+    )  # per-example max 2.0, 0.4
     assert AF.power_softmax_range(scores).item() == pytest.approx((2.0 + 0.4) / 2)
     assert AF.power_softmax_range(scores, threshold=1.0).item() == pytest.approx((1.0 + 0.0) / 2)
 

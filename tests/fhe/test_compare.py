@@ -23,8 +23,11 @@ def test_simulated_comparison_matches_an_independent_count(setup):
     compiled, data = setup
     x, y = data.x_test[:40], data.y_test[:40].numpy()
     seen = []
-    res = compare_tfhe(compiled, x, y, "simulate", progress=lambda done, total: seen.append((done, total)))
-    # the reference: the clear integer program and the float model, computed here on the accepted samples
+    res = compare_tfhe(
+        compiled, x, y, "simulate", progress=lambda done, total: seen.append((done, total))
+    )
+    # the reference: the clear integer program and the float model, computed here on the accepted
+    # samples
     x_int = compiled.program.quantize_input(x)
     runs = [compiled.program.run_int(xi[None], "clip") for xi in x_int]
     accepted = np.array([not clipped for _, clipped in runs])
@@ -33,7 +36,10 @@ def test_simulated_comparison_matches_an_independent_count(setup):
     assert res["n"] + res["refused_overflow"] == 40 and res["n"] == accepted.sum()
     assert res["accuracy"]["clear"] == pytest.approx((clear.argmax(-1) == y[accepted]).mean())
     assert res["accuracy"]["float"] == pytest.approx((flt.argmax(-1) == y[accepted]).mean())
-    assert res["exact_integer_match"] == 1.0 and res["accuracy"]["simulate"] == res["accuracy"]["clear"]
+    assert (
+        res["exact_integer_match"] == 1.0
+        and res["accuracy"]["simulate"] == res["accuracy"]["clear"]
+    )
     assert seen[-1] == (res["n"], res["n"])
     with pytest.raises(ValueError, match="mode"):
         compare_tfhe(compiled, x, y, "encrypt")
@@ -45,17 +51,27 @@ def test_the_compiled_model_speaks_floats_through_its_quantizing_codec(setup):
     np.testing.assert_array_equal(compiled.clear(x), compiled.program.forward(x, "clip"))
     np.testing.assert_array_equal(compiled.simulate(x[0]), compiled.clear(x[:1])[0])
     assert compiled.model is compiled.program.model
-    # one owner of the quantization: the parameters carry the configuration the program was built with
+    # one owner of the quantization: the parameters carry the configuration the program was built
+    # with
     assert compiled.backend.params.quant == compiled.program.config == resolve_quant(None)
-    assert compiled.report()["n_bits"] == compiled.backend.params.n_bits == resolve_quant(None).n_bits
+    assert (
+        compiled.report()["n_bits"] == compiled.backend.params.n_bits == resolve_quant(None).n_bits
+    )
 
 
-@pytest.mark.slow  # ~150 s; Ray batches of both schemes stay in the default run (tests/test_deploy.py)
+# ~150 s; Ray batches of both schemes stay in the default run (tests/test_deploy.py)
+@pytest.mark.slow
 def test_execution_on_ray_workers_equals_the_clear_program(setup):
     compiled, data = setup
     compiled.keygen()
     messages = []
-    res = compare_tfhe(compiled, data.x_test[:2], data.y_test[:2].numpy(), "execute", workers=2,
-                       on_message=messages.append)
+    res = compare_tfhe(
+        compiled,
+        data.x_test[:2],
+        data.y_test[:2].numpy(),
+        "execute",
+        workers=2,
+        on_message=messages.append,
+    )
     assert res["exact_integer_match"] == 1.0 and res["n"] + res["refused_overflow"] == 2
     assert messages and messages[0].startswith("Ray: 2 workers")

@@ -1,5 +1,5 @@
-"""Every attention kind x 1-2 layers x two quantizations: Concrete's simulation equals the clear integer
-program on every calibration input (the guard `fhe compile` applies, swept; issue 13)."""
+"""Every attention kind x 1-2 layers x two quantizations: Concrete's simulation equals the clear
+integer program on every calibration input (the guard `fhe compile` applies, swept; issue 13)."""
 
 import pytest
 
@@ -11,8 +11,12 @@ from models.tasks import load_task
 from models.training import config_for_task
 from models.transformer import Transformer
 
-QUANTS = {"default": DEFAULT_QUANT,
-          "wide": DEFAULT_QUANT.replace(n_bits=5, attention_bits=5, weight_bits=4, lut_bits=6, range_mode="minmax")}
+QUANTS = {
+    "default": DEFAULT_QUANT,
+    "wide": DEFAULT_QUANT.replace(
+        n_bits=5, attention_bits=5, weight_bits=4, lut_bits=6, range_mode="minmax"
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -20,21 +24,38 @@ def digits():
     return load_task("digits", patch=4)
 
 
-# One layer is enough for the second quantization. By default every kind runs one layer at the default
-# quantization, and the Inhibitor (the whole-model kind) also two layers and the wide quantization; the
+# One layer is enough for the second quantization. By default every kind runs one layer at the
+# default
+# quantization, and the Inhibitor (the whole-model kind) also two layers and the wide quantization;
+# the
 # other kinds' extra cases (5-70 s compiles each on 2 cores) run with `-m slow`.
-CASES = [pytest.param(kind, layers, quant, id=f"{kind.value}-{layers}-{quant}",
-                      marks=[pytest.mark.slow] if (layers, quant) != (1, "default")
-                      and kind is not AttentionKind.INHIBITOR else [])
-         for kind in AttentionKind for layers in (1, 2) for quant in QUANTS
-         if not (quant == "wide" and layers == 2)]
+CASES = [
+    pytest.param(
+        kind,
+        layers,
+        quant,
+        id=f"{kind.value}-{layers}-{quant}",
+        marks=[pytest.mark.slow]
+        if (layers, quant) != (1, "default") and kind is not AttentionKind.INHIBITOR
+        else [],
+    )
+    for kind in AttentionKind
+    for layers in (1, 2)
+    for quant in QUANTS
+    if not (quant == "wide" and layers == 2)
+]
 
 
 @pytest.mark.parametrize(("kind", "layers", "quant"), CASES)
 def test_simulation_equals_clear_program(digits, kind, layers, quant):
-    model = Transformer(config_for_task(digits, attention=kind, d_model=4, n_heads=2, n_layers=layers,
-                                        norm="batchnorm")).eval()
+    model = Transformer(
+        config_for_task(
+            digits, attention=kind, d_model=4, n_heads=2, n_layers=layers, norm="batchnorm"
+        )
+    ).eval()
     q = QUANTS[quant]
-    compiled = compile_model(model, digits.x_train[:200], TfheParams(quant=q), q, simulate_only=True)
+    compiled = compile_model(
+        model, digits.x_train[:200], TfheParams(quant=q), q, simulate_only=True
+    )
     check = compiled.verify(digits.x_train[:200], limit=200)
     assert check.exact, check.describe()

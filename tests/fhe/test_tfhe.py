@@ -11,17 +11,35 @@ from fhe.schemes import TfheParams
 from quant.config import QuantConfig
 from quant.ir import Graph
 
-REPORT_KEYS = {"scheme", "pbs_count", "pbs_per_tag", "max_bit_width", "bit_width_per_tag", "params",
-               "key_sizes_bytes", "timings_s", "seq_len", "n_bits"}
-PARAM_KEYS = {"lwe_dimension", "glwe_dimension", "polynomial_size", "pbs_base_log", "pbs_level", "ks_base_log",
-              "ks_level"}
+REPORT_KEYS = {
+    "scheme",
+    "pbs_count",
+    "pbs_per_tag",
+    "max_bit_width",
+    "bit_width_per_tag",
+    "params",
+    "key_sizes_bytes",
+    "timings_s",
+    "seq_len",
+    "n_bits",
+}
+PARAM_KEYS = {
+    "lwe_dimension",
+    "glwe_dimension",
+    "polynomial_size",
+    "pbs_base_log",
+    "pbs_level",
+    "ks_base_log",
+    "ks_level",
+}
 
 
 def compile_circuit(variant, T=2, n_bits=3, simulate_only=True, lut_bits=None):
     built = build(CircuitSpec(variant, T, d=2, n_bits=n_bits, lut_bits=lut_bits))
     params = TfheParams(quant=QuantConfig(n_bits=n_bits), inputset_size=64)
-    backend = TfheBackend.compile(built.graph, built.calib_ints, params, meta={"seq_len": T},
-                                  simulate_only=simulate_only)
+    backend = TfheBackend.compile(
+        built.graph, built.calib_ints, params, meta={"seq_len": T}, simulate_only=simulate_only
+    )
     return built, backend
 
 
@@ -35,8 +53,10 @@ def test_simulated_circuit_equals_clear_integer_program(variant):
     rep = backend.report()
     assert rep.keys() >= REPORT_KEYS and rep["params"].keys() >= PARAM_KEYS
     assert rep["pbs_count"] > 0 and rep["seq_len"] == 2
-    assert any(tag.endswith("scores") or tag.endswith("geglu") or tag.endswith("softmax")
-               for tag in rep["pbs_per_tag"])
+    assert any(
+        tag.endswith("scores") or tag.endswith("geglu") or tag.endswith("softmax")
+        for tag in rep["pbs_per_tag"]
+    )
 
 
 def test_mixed_sign_products_are_exact():
@@ -77,7 +97,10 @@ def test_encrypted_inhibitor_equals_clear_program(keyed_inhibitor):
     for x, want in zip(xs, clear, strict=True):
         np.testing.assert_array_equal(backend.encrypt_run_decrypt(x), want)
     timings = backend.report()["timings_s"]
-    assert all(timings[k] is not None and timings[k] > 0 for k in ("compile", "keygen", "encrypt", "run", "decrypt"))
+    assert all(
+        timings[k] is not None and timings[k] > 0
+        for k in ("compile", "keygen", "encrypt", "run", "decrypt")
+    )
 
 
 def _secret_key_windows(backend) -> list[bytes]:
@@ -102,7 +125,9 @@ def test_server_artifact_holds_no_secret_key_and_serves_the_client(keyed_inhibit
         blob = f.read_bytes()
         assert not any(w in blob for w in windows), f"secret key material found in {f.name}"
     # the same check can fail: the client artifact saved with its keys does contain them
-    with_keys = atomic_save(tmp_path / "private", lambda d: backend.save(d, include_secret_key=True), "tfhe")
+    with_keys = atomic_save(
+        tmp_path / "private", lambda d: backend.save(d, include_secret_key=True), "tfhe"
+    )
     assert any(w in (with_keys["client"] / "keys.bin").read_bytes() for w in windows)
     # the client encrypts, the server computes with evaluation keys only, the client decrypts
     client, server = TfheClient(with_keys["client"]), TfheServer(paths["server"])
@@ -113,16 +138,28 @@ def test_server_artifact_holds_no_secret_key_and_serves_the_client(keyed_inhibit
 
 def test_rounded_lookup_keeps_its_input_width():
     """Regression (issue 13): a 9-bit input rounded by 2 bits whose rounded range fits 8 bits made
-    Concrete 2.11 evaluate the table at twice the rounded input (x = 75 gave fn(152) instead of fn(76))."""
+    Concrete 2.11 evaluate the table at twice the rounded input (x = 75 gave fn(152) instead of
+    fn(76))."""
     g = Graph()
     g.add("x", "input", shape=(1,))
-    g.add("a", "add_const", ("x",), value=np.int64(0))  # a computed value: the lowering hints its width
-    g.add("y", "lut", ("a",), fn=lambda t: np.clip(np.round(t / 50), 0, 7).astype(np.int64), shape=(1,),
-          rounding_bits=2)
+    g.add(
+        "a", "add_const", ("x",), value=np.int64(0)
+    )  # a computed value: the lowering hints its width
+    g.add(
+        "y",
+        "lut",
+        ("a",),
+        fn=lambda t: np.clip(np.round(t / 50), 0, 7).astype(np.int64),
+        shape=(1,),
+        rounding_bits=2,
+    )
     g.set_output("y")
     xs = np.arange(0, 240).reshape(-1, 1)
     g.calibrate(xs)
-    g.nodes["a"].lo, g.nodes["a"].hi = 0, 300  # a 9-bit input whose calibration set fits 8 bits once rounded
+    g.nodes["a"].lo, g.nodes["a"].hi = (
+        0,
+        300,
+    )  # a 9-bit input whose calibration set fits 8 bits once rounded
     backend = TfheBackend.compile(g, xs, TfheParams(inputset_size=240), simulate_only=True)
     sims = np.stack([backend.simulate(x) for x in xs])
     np.testing.assert_array_equal(sims, g.run(xs)[0])
@@ -130,12 +167,20 @@ def test_rounded_lookup_keeps_its_input_width():
 
 
 def test_rounding_up_past_the_input_width_is_exact():
-    """Regression: an unsigned 8-bit input up to 252 rounded by 3 bits reaches 256 (9 bits); pinning the
-    rounded value to the input's 8 bits wrapped it to 0 (a softmax denominator's reciprocal, issue 9)."""
+    """Regression: an unsigned 8-bit input up to 252 rounded by 3 bits reaches 256 (9 bits); pinning
+    the rounded value to the input's 8 bits wrapped it to 0 (a softmax denominator's reciprocal,
+    issue 9)."""
     g = Graph()
     g.add("x", "input", shape=(1,))
     g.add("a", "add_const", ("x",), value=np.int64(0))
-    g.add("y", "lut", ("a",), fn=lambda t: (4096 // np.maximum(t, 1)).astype(np.int64), shape=(1,), rounding_bits=3)
+    g.add(
+        "y",
+        "lut",
+        ("a",),
+        fn=lambda t: (4096 // np.maximum(t, 1)).astype(np.int64),
+        shape=(1,),
+        rounding_bits=3,
+    )
     g.set_output("y")
     xs = np.arange(63, 253).reshape(-1, 1)
     g.calibrate(xs)
@@ -145,7 +190,8 @@ def test_rounding_up_past_the_input_width_is_exact():
 
 def test_first_divergence_names_the_miscompiled_lookup(monkeypatch):
     """With the rounding fix removed (the unhinted lowering of issue 13), the bisection over program
-    prefixes names the rounded lookup that Concrete miscompiles, not the nodes before or after it."""
+    prefixes names the rounded lookup that Concrete miscompiles, not the nodes before or after
+    it."""
     import concrete.fhe as cfhe
 
     import fhe.backends.tfhe as tfhe_backend
@@ -157,15 +203,23 @@ def test_first_divergence_names_the_miscompiled_lookup(monkeypatch):
     g = Graph()
     g.add("x", "input", shape=(1,))
     g.add("a", "add_const", ("x",), value=np.int64(0))
-    g.add("y", "lut", ("a",), fn=lambda t: np.clip(np.round(t / 50), 0, 7).astype(np.int64), shape=(1,),
-          rounding_bits=2)
+    g.add(
+        "y",
+        "lut",
+        ("a",),
+        fn=lambda t: np.clip(np.round(t / 50), 0, 7).astype(np.int64),
+        shape=(1,),
+        rounding_bits=2,
+    )
     g.add("z", "add_const", ("y",), value=np.int64(3))
     g.set_output("z")
     xs = np.arange(0, 240).reshape(-1, 1)
     g.calibrate(xs)
     g.nodes["a"].lo, g.nodes["a"].hi = 0, 300
     params = TfheParams(inputset_size=240)
-    assert first_divergence(g, np.array([75]), xs, params) is None  # the fixed lowering: nothing diverges
+    assert (
+        first_divergence(g, np.array([75]), xs, params) is None
+    )  # the fixed lowering: nothing diverges
     monkeypatch.setattr(tfhe_backend, "_rounded", unfixed)
     found = first_divergence(g, np.array([75]), xs, params)
     assert found is not None and found.node == "y" and found.max_abs_diff == 1

@@ -1,4 +1,5 @@
-"""TFHE defaults, the stage table and the pre-flight check; the default `fhe train` model compiles."""
+"""TFHE defaults, the stage table and the pre-flight check; the default `fhe train` model
+compiles."""
 
 import json
 import os
@@ -30,8 +31,12 @@ def test_resolve_quant_takes_the_record_then_the_options():
 @pytest.fixture(scope="module")
 def backend():
     built = build(CircuitSpec(Variant.INHIBITOR, 2, d=2, n_bits=3, lut_bits=4))
-    return TfheBackend.compile(built.graph, built.calib_ints, TfheParams(quant=QuantConfig(n_bits=3), inputset_size=32),
-                               simulate_only=True)
+    return TfheBackend.compile(
+        built.graph,
+        built.calib_ints,
+        TfheParams(quant=QuantConfig(n_bits=3), inputset_size=32),
+        simulate_only=True,
+    )
 
 
 def test_stage_table_accounts_for_every_pbs(backend):
@@ -55,40 +60,63 @@ def test_preflight_refuses_keys_that_do_not_fit(backend):
 def default_model(tmp_path_factory):
     """`fhe train` with default options (BatchNorm), at a small width to keep the test short."""
     path = tmp_path_factory.mktemp("default") / "model.pt"
-    res = CliRunner().invoke(main, ["train", "--d-model", "4", "--heads", "1", "--epochs", "3", "--quiet",
-                                    "-o", str(path)])
+    res = CliRunner().invoke(
+        main,
+        ["train", "--d-model", "4", "--heads", "1", "--epochs", "3", "--quiet", "-o", str(path)],
+    )
     assert res.exit_code == 0, res.output
     return path
 
 
-@pytest.mark.skipif(not FHE.exists(), reason="the fhe console script is not installed in this environment")
+@pytest.mark.skipif(
+    not FHE.exists(), reason="the fhe console script is not installed in this environment"
+)
 def test_default_train_then_compile_runs_encrypted(default_model, tmp_path):
     rep_path = tmp_path / "r.json"
-    res = subprocess.run([str(FHE), "compile", str(default_model), "--json", str(rep_path)], capture_output=True,
-                         text=True, timeout=900)
+    res = subprocess.run(
+        [str(FHE), "compile", str(default_model), "--json", str(rep_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "expected evaluation keys" in res.stdout
-    assert "simulation == clear integer program on 1437/1437 calibration samples" in res.stdout  # all of train
+    assert (
+        "simulation == clear integer program on 1437/1437 calibration samples" in res.stdout
+    )  # all of train
     assert "encrypted output equals the clear integer program: True" in res.stdout
     rep = json.loads(rep_path.read_text())
     assert max(r["lookup_input_bits"] or 0 for r in rep["stages"]) <= DEFAULT_QUANT.lut_bits
-    # seeded keys by default: what the client stores and uploads is a fraction of what the server expands
-    # (uncompressed, the serialisation is ~85% of Concrete's in-memory size); the run above used them
+    # seeded keys by default: what the client stores and uploads is a fraction of what the server
+    # expands
+    # (uncompressed, the serialisation is ~85% of Concrete's in-memory size); the run above used
+    # them
     keys = rep["key_sizes_bytes"]
-    assert rep["compressed_keys"] and 0 < keys["evaluation_serialized"] < keys["evaluation"] / 2, keys
+    assert rep["compressed_keys"] and 0 < keys["evaluation_serialized"] < keys["evaluation"] / 2, (
+        keys
+    )
 
 
-@pytest.mark.skipif(not FHE.exists(), reason="the fhe console script is not installed in this environment")
+@pytest.mark.skipif(
+    not FHE.exists(), reason="the fhe console script is not installed in this environment"
+)
 def test_compile_refuses_before_keygen_when_keys_will_not_fit(default_model):
     env = {**os.environ, "FHE_AVAILABLE_MEMORY_BYTES": "1000000"}
-    res = subprocess.run([str(FHE), "compile", str(default_model)], capture_output=True, text=True, timeout=600,
-                         env=env)
+    res = subprocess.run(
+        [str(FHE), "compile", str(default_model)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert res.returncode == 1
     assert "keygen needs about" in res.stderr and "--lut-bits" in res.stderr
     assert "generating keys" not in res.stdout
 
 
-def test_compile_refuses_a_circuit_whose_simulation_differs_from_the_program(default_model, monkeypatch):
+def test_compile_refuses_a_circuit_whose_simulation_differs_from_the_program(
+    default_model, monkeypatch
+):
     real = TfheBackend.simulate
 
     def off_by_one_on_the_third_call(self, x, calls=[0]):  # noqa: B006 - a counter shared across calls

@@ -8,8 +8,18 @@ from models.fold import fold_norms
 
 
 def _trained_like(kind: AttentionKind) -> Transformer:
-    model = Transformer(TransformerConfig(seq_len=4, in_features=6, n_outputs=3, attention=kind, d_model=8, n_heads=2,
-                                          norm="batchnorm", dct_n_bar=2)).double()
+    model = Transformer(
+        TransformerConfig(
+            seq_len=4,
+            in_features=6,
+            n_outputs=3,
+            attention=kind,
+            d_model=8,
+            n_heads=2,
+            norm="batchnorm",
+            dct_n_bar=2,
+        )
+    ).double()
     model.train()
     with torch.no_grad():
         for _ in range(3):  # running statistics that are far from (0, 1)

@@ -15,7 +15,8 @@ def rand(*shape, dtype=torch.float64):
     return torch.randn(*shape, dtype=dtype)
 
 
-# -------------------------------------------------------------------------- naive references (numpy)
+# -------------------------------------------------------------------------- naive references
+# (numpy)
 def naive_softmax_attention(q, k, v, mask=None):
     T, d = q.shape
     out = np.zeros_like(v)
@@ -68,8 +69,12 @@ def naive_power_softmax(x, p, eps, stable, length_agnostic, mask):
 @pytest.mark.parametrize("T,d", [(1, 3), (5, 4), (9, 2)])
 def test_dot_product_matches_naive(T, d):
     q, k, v = rand(T, d), rand(T, d), rand(T, d)
-    np.testing.assert_allclose(AF.dot_product(q, k, v).numpy(), naive_softmax_attention(q.numpy(), k.numpy(),
-                               v.numpy()), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        AF.dot_product(q, k, v).numpy(),
+        naive_softmax_attention(q.numpy(), k.numpy(), v.numpy()),
+        rtol=1e-10,
+        atol=1e-12,
+    )
 
 
 def test_dot_product_causal_mask():
@@ -77,8 +82,11 @@ def test_dot_product_causal_mask():
     q, k, v = rand(T, d), rand(T, d), rand(T, d)
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
     out = AF.dot_product(q, k, v, mask)
-    np.testing.assert_allclose(out.numpy(), naive_softmax_attention(q.numpy(), k.numpy(), v.numpy(), mask.numpy()),
-                               rtol=1e-10)
+    np.testing.assert_allclose(
+        out.numpy(),
+        naive_softmax_attention(q.numpy(), k.numpy(), v.numpy(), mask.numpy()),
+        rtol=1e-10,
+    )
     # first position only sees itself
     np.testing.assert_allclose(out[0].numpy(), v[0].numpy(), rtol=1e-12)
 
@@ -109,7 +117,8 @@ def test_unsigned_inhibitor_is_non_negative_and_signed_passes_values_when_scores
     q = torch.randn(5, 3, dtype=torch.float64)
     v = torch.randn(5, 3, dtype=torch.float64)
     assert (AF.inhibitor(q, q + 1.0, v, 1.0) >= -1e-12).all()
-    # identical queries and keys everywhere + large shift: Z' = 0, so H = Σ_j V_j (Eq. 7 passes V through)
+    # identical queries and keys everywhere + large shift: Z' = 0, so H = Σ_j V_j (Eq. 7 passes V
+    # through)
     same = torch.zeros(5, 3, dtype=torch.float64)
     out = AF.inhibitor(same, same, v, 1.0, alpha=0.5, signed=True)
     np.testing.assert_allclose(out.numpy(), v.sum(0, keepdim=True).expand(5, 3).numpy(), rtol=1e-12)
@@ -137,7 +146,9 @@ def test_power_softmax_matches_equations(p, eps, stable, length_agnostic, masked
     x = rand(5, 7)
     mask = (torch.rand(5, 7) > 0.3).double() if masked else None
     out = AF.power_softmax(x, p, eps, stable, length_agnostic, mask)
-    ref = naive_power_softmax(x.numpy(), p, eps, stable, length_agnostic, None if mask is None else mask.numpy())
+    ref = naive_power_softmax(
+        x.numpy(), p, eps, stable, length_agnostic, None if mask is None else mask.numpy()
+    )
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-10, atol=1e-14)
 
 
@@ -146,7 +157,9 @@ def test_power_softmax_rows_sum_to_one_and_forms_agree_without_eps():
     plain = AF.power_softmax(x, 4)
     np.testing.assert_allclose(plain.sum(-1).numpy(), 1.0, rtol=1e-12)
     torch.testing.assert_close(AF.power_softmax(x, 4, stable=True), plain)  # Eq. (6) invariance
-    torch.testing.assert_close(AF.power_softmax(x, 4, length_agnostic=True), plain)  # Eq. (7) == Eq. (2)
+    torch.testing.assert_close(
+        AF.power_softmax(x, 4, length_agnostic=True), plain
+    )  # Eq. (7) == Eq. (2)
     # ε bounds the output away from a 1/0: an all-zero row gives zeros, not NaN (Eq. 5)
     assert torch.equal(AF.power_softmax(torch.zeros(1, 4), 4, eps=1e-3), torch.zeros(1, 4))
 
@@ -174,8 +187,9 @@ def test_dct_matrix_is_orthonormal_dct_ii(n):
     D = AF.dct_matrix(n, n, dtype=torch.float64)
     np.testing.assert_allclose((D @ D.T).numpy(), np.eye(n), atol=1e-12)
     x = np.random.randn(n, 3)
-    np.testing.assert_allclose((D @ torch.from_numpy(x)).numpy(), scipy.fft.dct(x, axis=0, norm="ortho"),
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        (D @ torch.from_numpy(x)).numpy(), scipy.fft.dct(x, axis=0, norm="ortho"), atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("n,m", [(8, 8), (8, 3), (13, 5), (100, 10), (1, 1)])

@@ -58,7 +58,9 @@ def test_imdb_tokenizer_and_vocabulary():
     assert ids.tolist() == [[2, 1, 1, 0], [0, 0, 0, 0]]
 
 
-needs_shared = pytest.mark.skipif(not default_data_dir("mnist").exists(), reason="../shared/data not present")
+needs_shared = pytest.mark.skipif(
+    not default_data_dir("mnist").exists(), reason="../shared/data not present"
+)
 
 
 @needs_shared

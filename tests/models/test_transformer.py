@@ -24,7 +24,9 @@ def test_every_kind_gives_logits_and_gradients_everywhere(kind, norm):
     out = model(torch.randn(3, 8, 8))
     assert out.shape == (3, 10)
     out.logsumexp(-1).sum().backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    missing = [
+        n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()
+    ]
     assert not missing, f"no finite gradient for {missing}"
 
 
@@ -70,13 +72,16 @@ def test_geglu_only_has_no_ffn_and_activator_has_one():
     assert make(AttentionKind.ACTIVATOR).blocks[0].has_ffn
 
 
-@pytest.mark.parametrize("bad,match", [
-    (dict(d_model=10, n_heads=3), "divisible"),
-    (dict(power_p=3), "even"),
-    (dict(dct_n_bar=9), "dct_n_bar"),
-    (dict(attention="nope"), "nope"),
-    (dict(seq_len=0), "seq_len"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(d_model=10, n_heads=3), "divisible"),
+        (dict(power_p=3), "even"),
+        (dict(dct_n_bar=9), "dct_n_bar"),
+        (dict(attention="nope"), "nope"),
+        (dict(seq_len=0), "seq_len"),
+    ],
+)
 def test_config_validation(bad, match):
     kw = dict(seq_len=8, in_features=8, n_outputs=10)
     kw.update(bad)

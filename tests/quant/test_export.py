@@ -16,17 +16,30 @@ KINDS = [k for k in AttentionKind]
 
 
 def tiny(kind, **kw):
-    cfg = dict(seq_len=6, in_features=5, n_outputs=3, attention=kind, d_model=8, n_heads=2, norm="none",
-               dct_n_bar=3)
+    cfg = dict(
+        seq_len=6,
+        in_features=5,
+        n_outputs=3,
+        attention=kind,
+        d_model=8,
+        n_heads=2,
+        norm="none",
+        dct_n_bar=3,
+    )
     cfg.update(kw)
     return Transformer(TransformerConfig(**cfg)).double().eval()
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.value)
-@pytest.mark.parametrize("qconfig", [QuantConfig(n_bits=6), QuantConfig(n_bits=5, symmetric=False,
-                                     weight_granularity="per-channel", rounding_bits=1),
-                                     QuantConfig(n_bits=4, range_mode="percentile", percentile=99.0, lut_bits=6)],
-                         ids=["sym", "asym-pc-r1", "pct-lut6"])
+@pytest.mark.parametrize(
+    "qconfig",
+    [
+        QuantConfig(n_bits=6),
+        QuantConfig(n_bits=5, symmetric=False, weight_granularity="per-channel", rounding_bits=1),
+        QuantConfig(n_bits=4, range_mode="percentile", percentile=99.0, lut_bits=6),
+    ],
+    ids=["sym", "asym-pc-r1", "pct-lut6"],
+)
 def test_integer_program_equals_fake_quantized_forward(kind, qconfig):
     model = tiny(kind)
     x = torch.rand(260, 6, 5, dtype=torch.float64)
@@ -46,8 +59,16 @@ def test_integer_program_equals_fake_quantized_forward(kind, qconfig):
     np.testing.assert_allclose(got[ok], fake[ok], rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("kind", [AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR,
-                                  AttentionKind.DOT_PRODUCT, AttentionKind.ACTIVATOR], ids=lambda k: k.value)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        AttentionKind.INHIBITOR,
+        AttentionKind.SIGNED_INHIBITOR,
+        AttentionKind.DOT_PRODUCT,
+        AttentionKind.ACTIVATOR,
+    ],
+    ids=lambda k: k.value,
+)
 def test_sixteen_bit_program_tracks_the_float_model(kind):
     model = tiny(kind)
     x = torch.rand(300, 6, 5, dtype=torch.float64)
@@ -60,8 +81,13 @@ def test_sixteen_bit_program_tracks_the_float_model(kind):
 
 def test_layernorm_and_token_models_fail_with_what_to_do():
     with pytest.raises(ExportError, match="--norm none"):
-        export(tiny(AttentionKind.INHIBITOR, norm="layernorm"), torch.rand(10, 6, 5, dtype=torch.float64))
-    tok = Transformer(TransformerConfig(seq_len=6, in_features=20, n_outputs=2, input_kind="tokens", norm="none"))
+        export(
+            tiny(AttentionKind.INHIBITOR, norm="layernorm"),
+            torch.rand(10, 6, 5, dtype=torch.float64),
+        )
+    tok = Transformer(
+        TransformerConfig(seq_len=6, in_features=20, n_outputs=2, input_kind="tokens", norm="none")
+    )
     with pytest.raises(ExportError, match="token"):
         export(tok, torch.randint(0, 20, (10, 6)))
     with pytest.raises(ExportError, match="Algorithm 2"):
@@ -95,7 +121,13 @@ def test_digits_inhibitor_ptq_6_bits_within_one_point(digits_inhibitor):
 
 def test_digits_inhibitor_qat_4_bits_within_two_points(digits_inhibitor):
     data, cfg, result = digits_inhibitor
-    qat = train(cfg, data, TrainConfig(epochs=15, lr=1e-3), progress=False, model=prepare_qat(result.model, 4))
+    qat = train(
+        cfg,
+        data,
+        TrainConfig(epochs=15, lr=1e-3),
+        progress=False,
+        model=prepare_qat(result.model, 4),
+    )
     program = export(strip_qat(qat.model), data.x_train[:500], QuantConfig(n_bits=4))
     acc = accuracy(program.forward(data.x_test, OverflowPolicy.CLIP), data.y_test.numpy())
     assert acc >= result.test_score - 0.02, (acc, result.test_score)

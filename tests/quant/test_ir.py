@@ -3,11 +3,20 @@
 import numpy as np
 import pytest
 
-from quant.ir import BitWidthError, Graph, OverflowPolicy, RangeOverflowError, round_bit_pattern, signed_bits
+from quant.ir import (
+    BitWidthError,
+    Graph,
+    OverflowPolicy,
+    RangeOverflowError,
+    round_bit_pattern,
+    signed_bits,
+)
 from quant.quantizer import Quantizer, quantize_weight
 
 
-@pytest.mark.parametrize("lo,hi,bits", [(0, 0, 1), (-1, 0, 1), (-8, 7, 4), (-9, 7, 5), (-8, 8, 5), (-128, 127, 8)])
+@pytest.mark.parametrize(
+    "lo,hi,bits", [(0, 0, 1), (-1, 0, 1), (-8, 7, 4), (-9, 7, 5), (-8, 8, 5), (-128, 127, 8)]
+)
 def test_signed_bits(lo, hi, bits):
     assert signed_bits(lo, hi) == bits
 
@@ -22,7 +31,13 @@ def test_round_bit_pattern_rounds_to_nearest_multiple_ties_up():
 def small_graph():
     g = Graph()
     g.add("x", "input", shape=(3,))
-    g.add("lin", "linear", ("x",), weight=np.array([[2, 0, 1], [0, 1, 0], [1, 1, 1]]), bias=np.array([1, 0, -1]))
+    g.add(
+        "lin",
+        "linear",
+        ("x",),
+        weight=np.array([[2, 0, 1], [0, 1, 0], [1, 1, 1]]),
+        bias=np.array([1, 0, -1]),
+    )
     g.add("relu", "lut", ("lin",), fn=lambda v: np.maximum(v, 0), shape=(3,))
     g.add("s", "sum", ("relu",), axis=-1)
     g.set_output("s")

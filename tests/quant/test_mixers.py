@@ -18,9 +18,20 @@ def test_every_attention_kind_has_an_integer_lowering():
 
 def test_a_missing_integer_lowering_is_named(monkeypatch):
     monkeypatch.delitem(quant_mixers.LOWERINGS.entries, AttentionKind.INHIBITOR)
-    model = Transformer(TransformerConfig(seq_len=3, in_features=4, n_outputs=2, attention="inhibitor",
-                                          d_model=4, n_heads=1, norm="none"))
-    with pytest.raises(ExportError, match="no lowering registered for inhibitor under the integer program"):
+    model = Transformer(
+        TransformerConfig(
+            seq_len=3,
+            in_features=4,
+            n_outputs=2,
+            attention="inhibitor",
+            d_model=4,
+            n_heads=1,
+            norm="none",
+        )
+    )
+    with pytest.raises(
+        ExportError, match="no lowering registered for inhibitor under the integer program"
+    ):
         export(model, torch.rand(8, 3, 4), QuantConfig(n_bits=4))
 
 
@@ -32,5 +43,7 @@ def test_a_missing_polynomial_lowering_is_named_with_the_alternative(monkeypatch
     from fhe.ckks import mixers as poly_mixers
 
     monkeypatch.delitem(poly_mixers.LOWERINGS.entries, AttentionKind.INHIBITOR)
-    with pytest.raises(NoPolyLoweringError, match="no lowering registered for inhibitor under CKKS.*--scheme tfhe"):
+    with pytest.raises(
+        NoPolyLoweringError, match="no lowering registered for inhibitor under CKKS.*--scheme tfhe"
+    ):
         poly_mixer(AttentionKind.INHIBITOR)

@@ -33,7 +33,9 @@ def test_pbs_cost_comes_from_the_spec():
 
 
 def test_a_registered_op_runs_in_the_interpreter_and_unknown_ones_are_named():
-    spec = register_op(OpSpec("double_test", "2x", "leveled", lambda a, args: 2 * args[0], traceable=True))
+    spec = register_op(
+        OpSpec("double_test", "2x", "leveled", lambda a, args: 2 * args[0], traceable=True)
+    )
     try:
         g = Graph()
         g.add("x", "input", shape=(3,))
@@ -48,11 +50,15 @@ def test_a_registered_op_runs_in_the_interpreter_and_unknown_ones_are_named():
         del OPS["double_test"]
     g = Graph()
     g.add("x", "input", shape=(3,))
-    with pytest.raises(ValueError, match="no op 'cube' is registered"):  # refused when the graph is built
+    with pytest.raises(
+        ValueError, match="no op 'cube' is registered"
+    ):  # refused when the graph is built
         g.add("y", "cube", ("x",))
     untraceable = register_op(OpSpec("untraceable_test", "x", "leveled", lambda a, args: args[0]))
     try:
-        with pytest.raises(NotImplementedError, match="no TFHE lowering registered for op 'untraceable_test'"):
+        with pytest.raises(
+            NotImplementedError, match="no TFHE lowering registered for op 'untraceable_test'"
+        ):
             _lower_node(g.nodes["x"].__class__("n", untraceable.name), [np.zeros(3)])
     finally:
         del OPS["untraceable_test"]

@@ -1,4 +1,5 @@
-"""Polynomial (CKKS) lowerings of the token mixers, one module per attention kind, registered by kind.
+"""Polynomial (CKKS) lowerings of the token mixers, one module per attention kind, registered by
+kind.
 
 Two registries, one per layout. Each module registers, for the :class:`~models.config.AttentionKind`
 values it handles,
@@ -6,8 +7,8 @@ values it handles,
 - batch layout (samples in slots): ``(program, arith, tag, key, x) -> Affine``, the mixer on the
   residual stream's values up to and including its output projection (kept lazy), looked up by
   :class:`fhe.ckks.program.PolyProgram`;
-- packed layout (one sample in the slots): ``(packed, arith, rotations, tag, key, x) -> Affine``, the
-  same mixer on packed values, looked up by :class:`fhe.ckks.packed.PackedProgram`.
+- packed layout (one sample in the slots): ``(packed, arith, rotations, tag, key, x) -> Affine``,
+  the same mixer on packed values, looked up by :class:`fhe.ckks.packed.PackedProgram`.
 
 A kind without a lowering is refused before calibration (batch) or planning (packed) with
 :class:`NoPolyLoweringError`, the one error for every gap.
@@ -46,8 +47,12 @@ def registered_poly_mixers() -> list[AttentionKind]:
 
 def packed_mixer(kind: AttentionKind) -> PackedMixer:
     packed = ", ".join(k.value for k in PACKED_LOWERINGS.kinds())
-    return PACKED_LOWERINGS.require(kind, NoPolyLoweringError, f"CKKS in the packed layout (packed: {packed})",
-                                    "use --layout batch")
+    return PACKED_LOWERINGS.require(
+        kind,
+        NoPolyLoweringError,
+        f"CKKS in the packed layout (packed: {packed})",
+        "use --layout batch",
+    )
 
 
 def registered_packed_mixers() -> list[AttentionKind]:

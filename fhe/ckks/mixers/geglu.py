@@ -30,23 +30,30 @@ def lower_geglu(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
     gate = prog._activation(ar, f"{tag}.gelu", g, Activation.GELU)
     if prog.config.norm is NormKind.LAYERNORM:
         u = prog._layernorm(ar, f"{tag}.norm_value", u, hidden)
-        normed = prog._layernorm(ar, f"{tag}.norm_gate", Affine([(gate, np.eye(len(gate)))], np.zeros(len(gate))),
-                                 hidden)
+        normed = prog._layernorm(
+            ar, f"{tag}.norm_gate", Affine([(gate, np.eye(len(gate)))], np.zeros(len(gate))), hidden
+        )
         with ar.stage(f"{tag}.gate"):
             gate = normed.materialize(ar)
     with ar.stage(f"{tag}.gate"):
         prod = [ar.mul(a, b) for a, b in zip(u.materialize(ar), gate, strict=True)]
-    return Affine([(prod, per_position(w[f"{key}.down.weight"], T))], np.tile(w[f"{key}.down.bias"], T))
+    return Affine(
+        [(prod, per_position(w[f"{key}.down.weight"], T))], np.tile(w[f"{key}.down.bias"], T)
+    )
 
 
 @register_packed_mixer(AttentionKind.ACTIVATOR, AttentionKind.GEGLU_ONLY)
-def lower_packed(pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
+def lower_packed(
+    pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine
+) -> Affine:
     return lower_packed_geglu(pk, ar, rot, f"{tag}.geglu", key, x)
 
 
-def lower_packed_geglu(pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
-    """The same unit on one packed sample: every map by the diagonal method, LayerNorm as in the packed
-    program (position-wise maps, Newton 1/√)."""
+def lower_packed_geglu(
+    pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine
+) -> Affine:
+    """The same unit on one packed sample: every map by the diagonal method, LayerNorm as in the
+    packed program (position-wise maps, Newton 1/√)."""
     w, T = pk.program.weights, pk.T
     hidden = w[f"{key}.up_value.weight"].shape[0]
     lay = pk.layout(hidden)
@@ -55,11 +62,18 @@ def lower_packed_geglu(pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, k
     gate = pk.activation(ar, rot, f"{tag}.gelu", g, lay, Activation.GELU)
     if pk.program.config.norm is NormKind.LAYERNORM:
         u = pk.layernorm(ar, rot, f"{tag}.norm_value", u, hidden)
-        normed = pk.layernorm(ar, rot, f"{tag}.norm_gate", Affine([(gate, np.eye(lay.size))],
-                                                                      np.zeros(lay.size)), hidden)
+        normed = pk.layernorm(
+            ar,
+            rot,
+            f"{tag}.norm_gate",
+            Affine([(gate, np.eye(lay.size))], np.zeros(lay.size)),
+            hidden,
+        )
         with ar.stage(f"{tag}.gate"):
             gate = pk.materialize(ar, rot, f"{tag}.norm_gate.out", normed, lay)
     with ar.stage(f"{tag}.gate"):
         prod = ar.mul(pk.materialize(ar, rot, f"{key}.up_value", u, lay).val, gate.val)
-    return Affine([(PVec(prod, lay), per_position(w[f"{key}.down.weight"], T))],
-                  np.tile(w[f"{key}.down.bias"], T))
+    return Affine(
+        [(PVec(prod, lay), per_position(w[f"{key}.down.weight"], T))],
+        np.tile(w[f"{key}.down.bias"], T),
+    )

@@ -1,20 +1,21 @@
 """The Inhibitor under CKKS (Inhibitor paper Eqs. 5-7): |x| and ReLU by Chebyshev polynomials.
 
-TFHE evaluates |·| and (·)⁺ exactly by table lookups; CKKS has only additions and products, so each is
-a polynomial fitted on its calibrated interval (error ≤ ``activation_tol`` × max|x| there, see
+TFHE evaluates |·| and (·)⁺ exactly by table lookups; CKKS has only additions and products, so each
+is a polynomial fitted on its calibrated interval (error ≤ ``activation_tol`` × max|x| there, see
 :func:`fhe.ckks.approx.abs_fit`). The Inhibitor keeps its one FHE virtue here: no ciphertext ×
 ciphertext product outside those polynomials. Its cost is their number, T²·d per head and layer,
-each a degree-~20-30 polynomial (depth ~5): the comparison with PowerSoftmax is the point of compiling it.
+each a degree-~20-30 polynomial (depth ~5): the comparison with PowerSoftmax is the point of
+compiling it.
 
     t_ijc = (q_ic − k_jc − mid)/half        1/half folded into W_q and W_k: no level
     Z'_ij = (Σ_c |·|/γ − α)⁺               Eq. 5 (one map into the ReLU's interval, one level)
     H_ic  = Σ_j (V_jc − Z'_ij)⁺            Eq. 6; signed (Eq. 7): Σ_j (V⁺ − Z')⁺ − (|V⁻| − Z')⁺
 
-Packed (one sample in the slots, :func:`lower_packed_inhibitor`): the same equations on all T relative
-offsets at once, block r of the attention period holding key (i + r) mod T beside query i, as the
-packed softmax family does (:mod:`fhe.ckks.mixers.packed_softmax`): one |x| polynomial, one head-sum
-map that also broadcasts Z' back to the head's channels, one ReLU per value sign, a rotate-and-add over
-the blocks for Σ_j.
+Packed (one sample in the slots, :func:`lower_packed_inhibitor`): the same equations on all T
+relative offsets at once, block r of the attention period holding key (i + r) mod T beside query i,
+as the packed softmax family does (:mod:`fhe.ckks.mixers.packed_softmax`): one |x| polynomial, one
+head-sum map that also broadcasts Z' back to the head's channels, one ReLU per value sign, a
+rotate-and-add over the blocks for Σ_j.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def lower(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
     return lower_inhibitor(prog, ar, f"{tag}.attention", key, x)
 
 
-def _mapped(ar: Arith, prog, name: str, vals: list[Val], weights: list[float], bias: float = 0.0) -> Val:
+def _mapped(
+    ar: Arith, prog, name: str, vals: list[Val], weights: list[float], bias: float = 0.0
+) -> Val:
     """Σ wᵢ vᵢ + b mapped into the interval of approximation ``name`` (one level)."""
     mid, half = prog.fit_map(name)
     return ar.lincomb(vals, [wi / half for wi in weights], (bias - mid) / half)
@@ -57,94 +60,170 @@ def lower_inhibitor(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
     gamma, alpha = cfg.inhibitor_gamma or math.sqrt(dh), cfg.inhibitor_alpha
     signed = cfg.attention is AttentionKind.SIGNED_INHIBITOR
     n_abs, n_z = f"{tag}.scores.abs", f"{tag}.scores.inhibit"
-    n_pos, n_neg, n_vp = f"{tag}.values.inhibit", f"{tag}.values_neg.inhibit", f"{tag}.v_pos.inhibit"
+    n_pos, n_neg, n_vp = (
+        f"{tag}.values.inhibit",
+        f"{tag}.values_neg.inhibit",
+        f"{tag}.v_pos.inhibit",
+    )
     mid, half = prog.fit_map(n_abs)
     with ar.stage(f"{tag}.qkv"):
-        q = x.apply(per_position(w[f"{key}.q_proj.weight"], T) / half, np.tile(w[f"{key}.q_proj.bias"], T) / half)
-        k = x.apply(per_position(w[f"{key}.k_proj.weight"], T) / half, np.tile(w[f"{key}.k_proj.bias"], T) / half)
+        q = x.apply(
+            per_position(w[f"{key}.q_proj.weight"], T) / half,
+            np.tile(w[f"{key}.q_proj.bias"], T) / half,
+        )
+        k = x.apply(
+            per_position(w[f"{key}.k_proj.weight"], T) / half,
+            np.tile(w[f"{key}.k_proj.bias"], T) / half,
+        )
         v = x.apply(per_position(w[f"{key}.v_proj.weight"], T), np.tile(w[f"{key}.v_proj.bias"], T))
         q, k, v = q.materialize(ar), k.materialize(ar), v.materialize(ar)
     if signed:
         with ar.stage(f"{tag}.values"):
-            v_pos = prog.approximate(ar, n_vp, [_mapped(ar, prog, n_vp, [vi], [1.0]) for vi in v], _relu)
-            v_neg = [ar.add(p, ar.neg(vi)) for p, vi in zip(v_pos, v, strict=True)]  # |V⁻| = V⁺ − V, free
+            v_pos = prog.approximate(
+                ar, n_vp, [_mapped(ar, prog, n_vp, [vi], [1.0]) for vi in v], _relu
+            )
+            v_neg = [
+                ar.add(p, ar.neg(vi)) for p, vi in zip(v_pos, v, strict=True)
+            ]  # |V⁻| = V⁺ − V, free
     o: list[Val | None] = [None] * (T * C)
     for head in range(H):
         cols = range(head * dh, (head + 1) * dh)
         with ar.stage(f"{tag}.scores"):
-            t = [ar.add_scalar(ar.add(q[i * C + c], ar.neg(k[j * C + c])), -mid / half)
-                 for i in range(T) for j in range(T) for c in cols]
+            t = [
+                ar.add_scalar(ar.add(q[i * C + c], ar.neg(k[j * C + c])), -mid / half)
+                for i in range(T)
+                for j in range(T)
+                for c in cols
+            ]
             a = prog.approximate(ar, n_abs, t, np.abs)  # |Q_ic − K_jc|, Eq. 5
-            dist = [ar.sum(a[(i * T + j) * dh:(i * T + j + 1) * dh]) for i in range(T) for j in range(T)]
-            z = prog.approximate(ar, n_z, [_mapped(ar, prog, n_z, [d], [1 / gamma], -alpha) for d in dist], _relu)
+            dist = [
+                ar.sum(a[(i * T + j) * dh : (i * T + j + 1) * dh])
+                for i in range(T)
+                for j in range(T)
+            ]
+            z = prog.approximate(
+                ar, n_z, [_mapped(ar, prog, n_z, [d], [1 / gamma], -alpha) for d in dist], _relu
+            )
         with ar.stage(f"{tag}.values"):
             for c in cols:
                 src = v_pos if signed else v
-                pos = prog.approximate(ar, n_pos, [_mapped(ar, prog, n_pos, [src[j * C + c], z[i * T + j]], [1, -1])
-                                                   for i in range(T) for j in range(T)], _relu)
+                pos = prog.approximate(
+                    ar,
+                    n_pos,
+                    [
+                        _mapped(ar, prog, n_pos, [src[j * C + c], z[i * T + j]], [1, -1])
+                        for i in range(T)
+                        for j in range(T)
+                    ],
+                    _relu,
+                )
                 if signed:
-                    neg = prog.approximate(ar, n_neg, [_mapped(ar, prog, n_neg, [v_neg[j * C + c], z[i * T + j]],
-                                                               [1, -1]) for i in range(T) for j in range(T)], _relu)
+                    neg = prog.approximate(
+                        ar,
+                        n_neg,
+                        [
+                            _mapped(ar, prog, n_neg, [v_neg[j * C + c], z[i * T + j]], [1, -1])
+                            for i in range(T)
+                            for j in range(T)
+                        ],
+                        _relu,
+                    )
                     pos = [ar.add(p, ar.neg(n)) for p, n in zip(pos, neg, strict=True)]
                 for i in range(T):
-                    o[i * C + c] = ar.sum(pos[i * T:(i + 1) * T])  # Eq. 6 / 7
-    return Affine([(o, per_position(w[f"{key}.out_proj.weight"], T))], np.tile(w[f"{key}.out_proj.bias"], T))
+                    o[i * C + c] = ar.sum(pos[i * T : (i + 1) * T])  # Eq. 6 / 7
+    return Affine(
+        [(o, per_position(w[f"{key}.out_proj.weight"], T))], np.tile(w[f"{key}.out_proj.bias"], T)
+    )
 
 
 # ------------------------------------------------------------------------------------ packed layout
 @register_packed_mixer(AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR)
-def lower_packed(pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
+def lower_packed(
+    pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine
+) -> Affine:
     return lower_packed_inhibitor(pk, ar, rot, f"{tag}.attention", key, x)
 
 
-def lower_packed_inhibitor(pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
-    """Eqs. 5-7 on one packed sample. Slots outside the activation (channels c ≥ C of a position) are
-    kept at the middle of every fitted interval (t = 0): a Chebyshev fit is only bounded on [−1, 1], and
-    one slot far outside it would overflow the ciphertext's modulus for all the others."""
+def lower_packed_inhibitor(
+    pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine
+) -> Affine:
+    """Eqs. 5-7 on one packed sample. Slots outside the activation (channels c ≥ C of a position)
+    are kept at the middle of every fitted interval (t = 0): a Chebyshev fit is only bounded on [−1,
+    1], and one slot far outside it would overflow the ciphertext's modulus for all the others."""
     prog = pk.program
     cfg, w = prog.config, prog.weights
     T, C, H, dh, S = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.d_head, pk.stride
-    if pow2(T) != T:  # padding keys (zeros) would put |q − 0| outside the calibrated interval of |q − k|
-        raise FheError(f"the packed Inhibitor needs a power-of-two sequence length (T = {T}); use --layout batch")
+    if (
+        pow2(T) != T
+    ):  # padding keys (zeros) would put |q − 0| outside the calibrated interval of |q − k|
+        raise FheError(
+            f"the packed Inhibitor needs a power-of-two sequence length (T = {T}); use --layout "
+            "batch"
+        )
     gamma, alpha = cfg.inhibitor_gamma or math.sqrt(dh), cfg.inhibitor_alpha
     signed = cfg.attention is AttentionKind.SIGNED_INHIBITOR
     n_abs, n_z = f"{tag}.scores.abs", f"{tag}.scores.inhibit"
     lay, packed, n_blocks = pk.layout(C), pk.pack_attention, pk.block // S
-    coeffs = {name: tuple(prog.ops[name]["coeffs"]) for name in prog.ops if name.startswith(f"{tag}.")}
+    coeffs = {
+        name: tuple(prog.ops[name]["coeffs"]) for name in prog.ops if name.startswith(f"{tag}.")
+    }
 
     def proj(name: str, role: str, scale: float = 1.0, shift: float = 0.0) -> Val:
-        """(W x + b − shift)·scale on the real slots; ``role`` names the map (one projection, two uses)."""
-        aff = x.apply(per_position(w[f"{key}.{name}.weight"], T) * scale,
-                      (np.tile(w[f"{key}.{name}.bias"], T) - shift) * scale)
+        """(W x + b − shift)·scale on the real slots; ``role`` names the map (one projection, two
+        uses)."""
+        aff = x.apply(
+            per_position(w[f"{key}.{name}.weight"], T) * scale,
+            (np.tile(w[f"{key}.{name}.bias"], T) - shift) * scale,
+        )
         return pk.materialize(ar, rot, f"{key}.{name}.{role}", aff, lay).val
 
-    # offset r: block r of one ciphertext (packed) or ciphertext r; the masks keep the real slots of each
-    blocks = [Layout(T, C, S, pk.attention_period, offset=r * pk.block) for r in range(n_blocks)] if packed \
+    # offset r: block r of one ciphertext (packed) or ciphertext r; the masks keep the real slots of
+    # each
+    blocks = (
+        [Layout(T, C, S, pk.attention_period, offset=r * pk.block) for r in range(n_blocks)]
+        if packed
         else [lay] * n_blocks
-    real = [pk.placed((tag, "real", r), np.ones(T * C), b) for r, b in enumerate(blocks)] if packed \
+    )
+    real = (
+        [pk.placed((tag, "real", r), np.ones(T * C), b) for r, b in enumerate(blocks)]
+        if packed
         else [pk.placed((tag, "real", 0), np.ones(T * C), lay)] * n_blocks
+    )
 
     def offsets(v: Val) -> list[Val]:
-        """v_{(i + r) mod T} beside query i: all offsets in one ciphertext, or one ciphertext each."""
+        """v_{(i + r) mod T} beside query i: all offsets in one ciphertext, or one ciphertext
+        each."""
         shifted = pk.shifted(ar, v)
-        return [ar.dot_plain(shifted, real)] if packed else [ar.dot_plain([s], [m]) for s, m in zip(shifted, real,
-                                                                                                   strict=True)]
+        return (
+            [ar.dot_plain(shifted, real)]
+            if packed
+            else [ar.dot_plain([s], [m]) for s, m in zip(shifted, real, strict=True)]
+        )
 
     mid, half = prog.fit_map(n_abs)
     with ar.stage(f"{tag}.qkv"):
-        q, k = proj("q_proj", "abs", 1 / half, mid), proj("k_proj", "abs", 1 / half)  # t = (q − k − mid)/half
+        q, k = (
+            proj("q_proj", "abs", 1 / half, mid),
+            proj("k_proj", "abs", 1 / half),
+        )  # t = (q − k − mid)/half
         # (values, interval name): V, or V⁺ and |V⁻| = V⁺ − V (Eq. 7)
         if signed:
             n_vp = f"{tag}.v_pos.inhibit"
             vmid, vhalf = prog.fit_map(n_vp)
             v_pos = A.poly_eval(ar, proj("v_proj", "v_pos", 1 / vhalf, vmid), coeffs[n_vp])
-            v_pos = ar.dot_plain([v_pos], [pk.placed((tag, "real"), np.ones(T * C), lay)])  # 0 off the activation
-            sources = [(v_pos, f"{tag}.values.inhibit"), (ar.add(v_pos, ar.neg(proj("v_proj", "v"))),
-                                                           f"{tag}.values_neg.inhibit")]
+            v_pos = ar.dot_plain(
+                [v_pos], [pk.placed((tag, "real"), np.ones(T * C), lay)]
+            )  # 0 off the activation
+            sources = [
+                (v_pos, f"{tag}.values.inhibit"),
+                (ar.add(v_pos, ar.neg(proj("v_proj", "v"))), f"{tag}.values_neg.inhibit"),
+            ]
         else:
             sources = [(proj("v_proj", "v"), f"{tag}.values.inhibit")]
     zmid, zhalf = prog.fit_map(n_z)
-    sums = np.kron(np.eye(T * H), np.ones((dh, dh))) / (gamma * zhalf)  # Σ_c over a head, back to its channels
+    sums = np.kron(np.eye(T * H), np.ones((dh, dh))) / (
+        gamma * zhalf
+    )  # Σ_c over a head, back to its channels
     z_bias = pk.placed((tag, "z_bias"), np.full(T * C, (-alpha - zmid) / zhalf), lay)
     outs = []
     with ar.stage(f"{tag}.scores"):
@@ -152,20 +231,34 @@ def lower_packed_inhibitor(pk: PackedProgram, ar: Arith, rot: Rotations, tag: st
         zs = []
         for kg in k_all:
             a = A.poly_eval(ar, ar.add(q, ar.neg(kg)), coeffs[n_abs])  # |Q_ic − K_jc|, Eq. 5
-            terms = [(a, pk.map_of((tag, "dist", r), sums, b, b)) for r, b in enumerate(blocks)] if packed \
+            terms = (
+                [(a, pk.map_of((tag, "dist", r), sums, b, b)) for r, b in enumerate(blocks)]
+                if packed
                 else [(a, pk.map_of((tag, "dist"), sums, lay, lay))]
-            zs.append(A.poly_eval(ar, apply_maps(ar, terms, z_bias, rot, pk.n_slots), coeffs[n_z]))  # Z'
+            )
+            zs.append(
+                A.poly_eval(ar, apply_maps(ar, terms, z_bias, rot, pk.n_slots), coeffs[n_z])
+            )  # Z'
             del a
     with ar.stage(f"{tag}.values"):
         c0 = coeffs[n_z][0]  # Z' off the activation (t = 0 there)
         for src, name in sources:
             vmid, vhalf = prog.fit_map(name)
             # real slots: −mid/half; elsewhere +Z'(0)/half, which puts t back at 0 there
-            b = pk.cached((tag, name), lambda m=vmid, h=vhalf: lay.place(np.full(T * C, -(m + c0) / h), pk.n_slots)
-                          + c0 / h)
-            ts = [ar.add_plain(ar.lincomb([vg, zg], [1 / vhalf, -1 / vhalf]), b)
-                  for vg, zg in zip(offsets(src), zs, strict=True)]
+            b = pk.cached(
+                (tag, name),
+                lambda m=vmid, h=vhalf: (
+                    lay.place(np.full(T * C, -(m + c0) / h), pk.n_slots) + c0 / h
+                ),
+            )
+            ts = [
+                ar.add_plain(ar.lincomb([vg, zg], [1 / vhalf, -1 / vhalf]), b)
+                for vg, zg in zip(offsets(src), zs, strict=True)
+            ]
             relu = [A.poly_eval(ar, t, coeffs[name]) for t in ts]
             outs.append(rotate_and_sum(ar, relu[0], pk.block, n_blocks) if packed else ar.sum(relu))
     o = outs[0] if not signed else ar.add(outs[0], ar.neg(outs[1]))  # Eq. 6, or Eq. 7's difference
-    return Affine([(PVec(o, lay), per_position(w[f"{key}.out_proj.weight"], T))], np.tile(w[f"{key}.out_proj.bias"], T))
+    return Affine(
+        [(PVec(o, lay), per_position(w[f"{key}.out_proj.weight"], T))],
+        np.tile(w[f"{key}.out_proj.bias"], T),
+    )

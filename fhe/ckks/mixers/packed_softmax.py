@@ -1,17 +1,19 @@
-"""Attention of the softmax family on one packed sample: PowerSoftmax (Eq. 7), dot-product softmax and
-DCT-Former (exp by polynomial), each with Goldschmidt 1/x, as their batch lowerings in this package.
+"""Attention of the softmax family on one packed sample: PowerSoftmax (Eq. 7), dot-product softmax
+and DCT-Former (exp by polynomial), each with Goldschmidt 1/x, as their batch lowerings in this
+package.
 
 With S the stride and T' = pow2(T), query t sits beside key (t + r) mod T' after r one-position
 rotations of k (no level):
 
     p_r = q ⊙ rot(k, r·S)            r = 0 … T'−1
-    s   = Σ_r mask_r ⊙ HeadSum(p_r)   head sums by rotate-and-add; one masked sum puts offset r in block r
-    e   = f(s)                        sᵖ or exp(s): one polynomial for all T' offsets at once
-    a   = Σ_blocks e (+ ε)            the row sums, by rotate-and-add over blocks
-    o   = Σ_blocks (e ⊙ v_all) ⊙ Goldschmidt(a),  v_all: block r = rot(v, r·S)
+    s   = Σ_r mask_r ⊙ HeadSum(p_r)   head sums by rotate-and-add; one masked sum puts offset r in
+    block r e   = f(s)                        sᵖ or exp(s): one polynomial for all T' offsets at
+    once a   = Σ_blocks e (+ ε)            the row sums, by rotate-and-add over blocks o   =
+    Σ_blocks (e ⊙ v_all) ⊙ Goldschmidt(a),  v_all: block r = rot(v, r·S)
 
-so the score function, the division and the value product each run once (when the T' blocks do not fit
-the slots, :attr:`~fhe.ckks.packed.PackedProgram.pack_attention` is false and they run offset by offset).
+so the score function, the division and the value product each run once (when the T' blocks do not
+fit the slots, :attr:`~fhe.ckks.packed.PackedProgram.pack_attention` is false and they run offset by
+offset).
 """
 
 from __future__ import annotations
@@ -33,24 +35,34 @@ if TYPE_CHECKING:
 
 
 @register_packed_mixer(AttentionKind.POWER_SOFTMAX, AttentionKind.DOT_PRODUCT, AttentionKind.DCT)
-def lower_packed(pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
+def lower_packed(
+    pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine
+) -> Affine:
     return lower_packed_attention(pk, ar, rot, f"{tag}.attention", key, x)
 
 
-def lower_packed_attention(pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
-    """The module's equations; DCT-Former runs them on its n̄ compressed positions, D̄ and D̄ᵀ folded into
-    the projections."""
+def lower_packed_attention(
+    pk: PackedProgram, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine
+) -> Affine:
+    """The module's equations; DCT-Former runs them on its n̄ compressed positions, D̄ and D̄ᵀ
+    folded into the projections."""
     prog, T, S = pk.program, pk.T, pk.stride
     cfg, w = prog.config, prog.weights
     C, H, dh, p = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.power_p
     power = cfg.attention is AttentionKind.POWER_SOFTMAX
-    seq = dct_matrix(T, min(cfg.dct_n_bar or max(1, T // 2), T)) if cfg.attention is AttentionKind.DCT \
+    seq = (
+        dct_matrix(T, min(cfg.dct_n_bar or max(1, T // 2), T))
+        if cfg.attention is AttentionKind.DCT
         else np.eye(T)
+    )
     n = seq.shape[0]
     rec = prog.ops[f"{tag}.reciprocal"]
     D = rec["scale"]
     if power:
-        cq, shift = 1 / (np.sqrt(dh) * (T * D) ** (1 / p)), 0.0  # 1/√d, Eq. 7's 1/L, Goldschmidt's 1/D
+        cq, shift = (
+            1 / (np.sqrt(dh) * (T * D) ** (1 / p)),
+            0.0,
+        )  # 1/√d, Eq. 7's 1/L, Goldschmidt's 1/D
     else:
         exp = prog.ops[f"{tag}.scores.exp"]
         cq, shift = 1 / (np.sqrt(dh) * exp["half"]), -exp["mid"] / exp["half"]  # t = (s − mid)/half
@@ -58,8 +70,13 @@ def lower_packed_attention(pk: PackedProgram, ar: Arith, rot: Rotations, tag: st
 
     def proj(name: str, scale: float) -> PVec:
         m = seq_map @ per_position(w[f"{key}.{name}.weight"], T) * scale
-        return pk.materialize(ar, rot, f"{key}.{name}", x.apply(m, seq_map @ np.tile(w[f"{key}.{name}.bias"],
-                                                                                     T) * scale), lay)
+        return pk.materialize(
+            ar,
+            rot,
+            f"{key}.{name}",
+            x.apply(m, seq_map @ np.tile(w[f"{key}.{name}.bias"], T) * scale),
+            lay,
+        )
 
     with ar.stage(f"{tag}.qkv"):
         q, k, v = proj("q_proj", cq), proj("k_proj", 1.0), proj("v_proj", 1.0)
@@ -69,17 +86,33 @@ def lower_packed_attention(pk: PackedProgram, ar: Arith, rot: Rotations, tag: st
     with ar.stage(f"{tag}.scores"):
         prods = [ar.mul(q.val, kr) for kr in pk.shifted(ar, k.val)]  # q_t · k_{(t+r) mod T'}
         if packed and dh == pow2(dh):
-            # Σ over each head's channels lands on its first channel (log₂ dh rotations); one masked sum
-            # keeps those slots, offset r in block r; broadcasting back to the head is rotations again
+            # Σ over each head's channels lands on its first channel (log₂ dh rotations); one masked
+            # sum
+            # keeps those slots, offset r in block r; broadcasting back to the head is rotations
+            # again
             heads = [rotate_and_sum(ar, pr, 1, dh) for pr in prods]
             s = [rotate_and_sum(ar, ar.dot_plain(heads, pk.head_masks(n)), -1, dh, pk.n_slots)]
         elif packed:  # heads of other widths: the head sums as maps into block r
             dst = [Layout(n, C, S, pk.attention_period, offset=r * pk.block) for r in shifts]
-            s = [apply_maps(ar, [(pr, pk.map_of(("head_sum", r), sums, lay, dst[r]))
-                                 for r, pr in zip(shifts, prods, strict=True)], None, rot, pk.n_slots)]
+            s = [
+                apply_maps(
+                    ar,
+                    [
+                        (pr, pk.map_of(("head_sum", r), sums, lay, dst[r]))
+                        for r, pr in zip(shifts, prods, strict=True)
+                    ],
+                    None,
+                    rot,
+                    pk.n_slots,
+                )
+            ]
         else:
-            s = [apply_maps(ar, [(pr, pk.map_of(("head_sum",), sums, lay, lay))], None, rot, pk.n_slots)
-                 for pr in prods]
+            s = [
+                apply_maps(
+                    ar, [(pr, pk.map_of(("head_sum",), sums, lay, lay))], None, rot, pk.n_slots
+                )
+                for pr in prods
+            ]
         del prods
     with ar.stage(f"{tag}.power" if power else f"{tag}.exp"):
         if power:
@@ -95,11 +128,14 @@ def lower_packed_attention(pk: PackedProgram, ar: Arith, rot: Rotations, tag: st
         a = ar.add_scalar(total, (prog._inference_eps() if power else 0.0) / D - pad)
         y = A.goldschmidt_reciprocal(ar, a, rec["iterations"])
     with ar.stage(f"{tag}.values"):
-        if packed:  # v_all: block r holds v rotated by r positions (masks: one level, off the critical path)
+        # v_all: block r holds v rotated by r positions (masks: one level, off the critical path)
+        if packed:
             v_all = ar.dot_plain(pk.shifted(ar, v.val), pk.block_masks(n_blocks))
             num = rotate_and_sum(ar, ar.mul(e[0], v_all), pk.block, n_blocks)
         else:
             num = ar.sum([ar.mul(er, vr) for vr, er in zip(pk.shifted(ar, v.val), e, strict=True)])
         o = ar.mul(num, y)
-    out = per_position(w[f"{key}.out_proj.weight"], T) @ seq_map.T  # D̄ᵀ (DCT-Former), then the projection
+    out = (
+        per_position(w[f"{key}.out_proj.weight"], T) @ seq_map.T
+    )  # D̄ᵀ (DCT-Former), then the projection
     return Affine([(PVec(o, lay), out)], np.tile(w[f"{key}.out_proj.bias"], T))

@@ -19,7 +19,8 @@ def lower(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
 
 
 def lower_power_softmax(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
-    """Length-agnostic PowerSoftmax attention (Eq. 7), Goldschmidt 1/x on the calibrated interval."""
+    """Length-agnostic PowerSoftmax attention (Eq. 7), Goldschmidt 1/x on the calibrated
+    interval."""
     cfg, w = prog.config, prog.weights
     T, C, H, dh, p = cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.power_p
     name = f"{tag}.reciprocal"
@@ -28,7 +29,10 @@ def lower_power_softmax(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affin
     D = op.get("scale", 1.0)
     cq = 1 / (math.sqrt(dh) * (T * D) ** (1 / p))  # 1/√d, Eq. 7's 1/L and Goldschmidt's 1/D, folded
     with ar.stage(f"{tag}.qkv"):
-        q = x.apply(per_position(w[f"{key}.q_proj.weight"], T) * cq, np.tile(w[f"{key}.q_proj.bias"], T) * cq)
+        q = x.apply(
+            per_position(w[f"{key}.q_proj.weight"], T) * cq,
+            np.tile(w[f"{key}.q_proj.bias"], T) * cq,
+        )
         q = q.materialize(ar)
         k = x.apply(per_position(w[f"{key}.k_proj.weight"], T), np.tile(w[f"{key}.k_proj.bias"], T))
         k = k.materialize(ar)
@@ -38,8 +42,10 @@ def lower_power_softmax(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affin
     for head in range(H):
         cols = range(head * dh, (head + 1) * dh)
         with ar.stage(f"{tag}.scores"):
-            s = [[ar.sum([ar.mul(q[i * C + c], k[j * C + c]) for c in cols]) for j in range(T)]
-                 for i in range(T)]
+            s = [
+                [ar.sum([ar.mul(q[i * C + c], k[j * C + c]) for c in cols]) for j in range(T)]
+                for i in range(T)
+            ]
         with ar.stage(f"{tag}.power"):
             sp = [[A.power_even(ar, sij, p) for sij in row] for row in s]  # (s_ij/L')^p / D
         del s  # ciphertexts are large: keep only what later stages read
@@ -59,5 +65,6 @@ def lower_power_softmax(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affin
                     num = ar.sum([ar.mul(sp[i][j], v[j * C + c]) for j in range(T)])
                     o[i * C + c] = ar.mul(num, y[i])
         del sp, a, y
-    return Affine([(o, per_position(w[f"{key}.out_proj.weight"], T))], np.tile(w[f"{key}.out_proj.bias"], T))
-
+    return Affine(
+        [(o, per_position(w[f"{key}.out_proj.weight"], T))], np.tile(w[f"{key}.out_proj.bias"], T)
+    )

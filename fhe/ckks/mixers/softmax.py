@@ -1,13 +1,15 @@
-"""Dot-product softmax attention and DCT-Former under CKKS: exp by a Chebyshev polynomial, Goldschmidt 1/x.
+"""Dot-product softmax attention and DCT-Former under CKKS: exp by a Chebyshev polynomial,
+Goldschmidt 1/x.
 
-The PowerSoftmax paper's Table 5 baseline in a whole model: e_ij = exp(s_ij) by a polynomial fitted with
-relative error ≤ ``activation_tol`` on the calibrated score interval (no row max: the interval is the
-calibration's), the row sums' 1/x by Goldschmidt on their calibrated interval (its scale D folded into
-the polynomial's coefficients), and (Σ_j e_ij v_j)·(1/a_i) as in the PowerSoftmax lowering.
+The PowerSoftmax paper's Table 5 baseline in a whole model: e_ij = exp(s_ij) by a polynomial fitted
+with relative error ≤ ``activation_tol`` on the calibrated score interval (no row max: the interval
+is the calibration's), the row sums' 1/x by Goldschmidt on their calibrated interval (its scale D
+folded into the polynomial's coefficients), and (Σ_j e_ij v_j)·(1/a_i) as in the PowerSoftmax
+lowering.
 
-DCT-Former (Alg. 1): Q̄ = D̄Q, K̄ = D̄K, V̄ = D̄V are clear linear maps of the sequence, so they fold into
-the projections (no level), attention runs on n̄ compressed tokens, and D̄ᵀ folds into the output
-projection: the n̄² cost of the paper, for free linear algebra.
+DCT-Former (Alg. 1): Q̄ = D̄Q, K̄ = D̄K, V̄ = D̄V are clear linear maps of the sequence, so they
+fold into the projections (no level), attention runs on n̄ compressed tokens, and D̄ᵀ folds into the
+output projection: the n̄² cost of the paper, for free linear algebra.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ def lower(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
 def lower_dct(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
     cfg = prog.config
     if cfg.dct_ideal:
-        raise FheError("DCT-Former's Algorithm 2 (--dct-ideal) is for evaluation only; compile the model trained "
-                       "with Algorithm 1")
+        raise FheError(
+            "DCT-Former's Algorithm 2 (--dct-ideal) is for evaluation only; compile the model "
+            "trained with Algorithm 1"
+        )
     n_bar = min(cfg.dct_n_bar or max(1, cfg.seq_len // 2), cfg.seq_len)
     return lower_softmax(prog, ar, f"{tag}.attention", key, x, dct_matrix(cfg.seq_len, n_bar))
 
@@ -61,16 +65,25 @@ def lower_softmax(prog, ar: Arith, tag: str, key: str, x: Affine, seq: np.ndarra
         return x.apply(m, S @ np.tile(w[f"{key}.{name}.bias"], T) * scale).materialize(ar)
 
     with ar.stage(f"{tag}.qkv"):  # t = (s − mid)/half: 1/√d and 1/half folded into W_q
-        q, k, v = proj("q_proj", 1 / (math.sqrt(dh) * half)), proj("k_proj", 1.0), proj("v_proj", 1.0)
+        q, k, v = (
+            proj("q_proj", 1 / (math.sqrt(dh) * half)),
+            proj("k_proj", 1.0),
+            proj("v_proj", 1.0),
+        )
     o: list[Val | None] = [None] * (n * C)
     for head in range(H):
         cols = range(head * dh, (head + 1) * dh)
         with ar.stage(f"{tag}.scores"):
-            t = [ar.add_scalar(ar.sum([ar.mul(q[i * C + c], k[j * C + c]) for c in cols]), -mid / half)
-                 for i in range(n) for j in range(n)]
+            t = [
+                ar.add_scalar(
+                    ar.sum([ar.mul(q[i * C + c], k[j * C + c]) for c in cols]), -mid / half
+                )
+                for i in range(n)
+                for j in range(n)
+            ]
             e = prog.approximate(ar, n_exp, t, np.exp, scale=1 / D)  # exp(s_ij)/D
         with ar.stage(f"{tag}.reciprocal"):
-            a = [ar.sum(e[i * n:(i + 1) * n]) for i in range(n)]
+            a = [ar.sum(e[i * n : (i + 1) * n]) for i in range(n)]
             prog._observe(ar, n_rec, a)
             if n_rec in prog.ops:
                 y = [A.goldschmidt_reciprocal(ar, ai, prog.ops[n_rec]["iterations"]) for ai in a]
