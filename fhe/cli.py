@@ -513,12 +513,13 @@ def fhe_options(fn):
         ),
         click.option(
             "--layout",
-            type=click.Choice(["batch", "packed"]),
-            default="batch",
+            type=click.Choice(["auto", "batch", "packed"]),
+            default="auto",
             show_default=True,
             help="CKKS: batch (samples in the SIMD slots: N/2 samples per run at the cost of one) "
-            "or "
-            "packed (one sample per ciphertext, rotations: the latency of one query).",
+            "or packed (one sample per ciphertext, rotations: the latency of one query). auto: "
+            "packed for `fhe compile` (one query), batch for `fhe compare` (a dataset) and with "
+            "--refresh.",
         ),
     ]
     for opt in reversed(opts):
@@ -549,11 +550,11 @@ def compile_cmd(model_path, json_path, out_dir, no_run, **opts) -> None:
     from fhe.summaries import format_report
 
     options = api.CompileOptions.from_mapping(opts)
-    what = (
-        "TFHE"
-        if options.scheme == "tfhe"
-        else f"CKKS (polynomial program, {options.layout} layout)"
-    )
+    if options.scheme == "tfhe":
+        what = "TFHE"
+    else:
+        layout = api.choose_layout(options, for_dataset=False)
+        what = f"CKKS (polynomial program, {layout.layout} layout; {layout.reason})"
     click.echo(f"compiling {model_path} for {what} ...")
     c = api.compile_file(model_path, options, on_message=click.echo)
     api.check_circuit(c, on_message=click.echo)

@@ -65,6 +65,7 @@ def format_ckks_report(rep: dict) -> str:
     rows = [
         ("scheme", rep["scheme"]),
         ("layout", rep["layout"]),
+        ("layout, why", rep["layout_reason"]),
         ("seq_len", rep["seq_len"]),
         ("depth", rep["depth"]),
         ("poly_modulus_degree", rep["poly_modulus_degree"]),

@@ -73,13 +73,13 @@ class CompileOptions:
     activation_tol: float = 2e-2
     max_degree: int = 31
     margin: float = 0.2
-    layout: str = "batch"
+    layout: str = "auto"  # or "batch", "packed": see choose_layout
 
     def __post_init__(self) -> None:
         if self.scheme not in ("tfhe", "ckks"):
             raise BadOptionError(f"scheme must be tfhe or ckks, got {self.scheme!r}")
-        if self.layout not in ("batch", "packed"):
-            raise BadOptionError(f"layout must be batch or packed, got {self.layout!r}")
+        if self.layout not in LAYOUTS:
+            raise BadOptionError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
 
     @classmethod
     def from_mapping(cls, opts: Mapping) -> CompileOptions:
@@ -96,6 +96,39 @@ class CompileOptions:
         return self.n_calib or (
             DEFAULT_CALIB_SAMPLES if self.scheme == "tfhe" else CKKS_CALIB_SAMPLES
         )
+
+
+LAYOUTS = ("auto", "batch", "packed")
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """The CKKS layout a run uses, and why (printed in the report and kept in its JSON)."""
+
+    layout: str
+    reason: str
+
+
+def choose_layout(options: CompileOptions, for_dataset: bool) -> LayoutChoice:
+    """``--layout auto``: one query (``fhe compile``, then ``fhe run``/``serve`` on its artifacts)
+    gets the packed layout, whose latency is that of one sample; a dataset (``fhe compare``) gets
+    the batch layout, N/2 samples per run for the cost of one; a client-assisted refresh exists
+    only in the batch layout. An explicit ``--layout`` is kept as asked."""
+    if options.layout != "auto":
+        return LayoutChoice(options.layout, f"--layout {options.layout} asked for")
+    if for_dataset:
+        return LayoutChoice(
+            "batch", "auto: a dataset, so the batch layout (N/2 samples per run at the cost of one)"
+        )
+    if options.refresh:
+        return LayoutChoice(
+            "batch", "auto: --refresh asked for, and only the batch layout refreshes"
+        )
+    return LayoutChoice(
+        "packed",
+        "auto: one query, so the packed layout (the latency of one sample; --layout batch for "
+        "throughput)",
+    )
 
 
 @dataclass
@@ -126,16 +159,22 @@ def compile_file(
     options: CompileOptions = CompileOptions(),
     simulate_only: bool = False,
     on_message: Echo = _silent,
+    for_dataset: bool = False,
 ) -> Compilation:
     """Compile the model file for ``options.scheme``. ``simulate_only``: no keys will be made (TFHE:
     Concrete compiles without key material; CKKS: a program too deep for any chain is planned with
-    ``refresh``)."""
+    ``refresh``). ``for_dataset``: the compilation serves many samples at once (CKKS ``--layout
+    auto`` then picks the batch layout)."""
     ckpt, data = load_model_and_task(model_path, options.data_dir)
     meta = {
         "model_path": str(model_path),
         "task": ckpt.task["name"],
         "patch": (ckpt.task.get("meta") or {}).get("patch"),
     }  # what `fhe run` needs to rebuild inputs
+    if options.scheme == "ckks":
+        choice = choose_layout(options, for_dataset)
+        options = dataclasses.replace(options, layout=choice.layout)
+        meta["layout_reason"] = choice.reason
     compile_fn = _compile_tfhe if options.scheme == "tfhe" else _compile_ckks
     compiled = compile_fn(
         ckpt, data.x_train[: options.calib_samples], options, meta, simulate_only, on_message
@@ -324,7 +363,13 @@ def compare_file(
     (``workers``/``ray_address``)."""
     if mode not in ("simulate", "execute"):
         raise BadOptionError(f"mode must be simulate or execute, got {mode!r}")
-    c = compile_file(model_path, options, simulate_only=mode == "simulate", on_message=on_message)
+    c = compile_file(
+        model_path,
+        options,
+        simulate_only=mode == "simulate",
+        on_message=on_message,
+        for_dataset=True,
+    )
     x, y = c.data.x_test[:n], c.data.y_test[:n].numpy()
     if c.scheme == "ckks":
         from fhe.ckks.compare import compare_ckks

@@ -261,9 +261,9 @@ class CkksBackend:
             "scheme": "ckks",
             "seq_len": self.program.config.seq_len,
             "layout": "batch",
-            "layout_reason": "batch: SIMD over samples, up to N/2 samples per run at the cost of "
-            "one, no rotations "
-            "(--layout packed: the latency of one query)",
+            "layout_reason": f"{self.meta.get('layout_reason', 'batch')}: SIMD over samples, up "
+            "to N/2 samples per run at the cost of one, no rotations (--layout packed: the latency "
+            "of one query)",
             "depth": planned["depth"],
             "depth_per_tag": planned["level_after_tag"],
             "poly_modulus_degree": self.plan.poly_modulus_degree,

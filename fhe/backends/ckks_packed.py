@@ -187,7 +187,7 @@ class PackedCkksBackend(CkksBackend):
         rep = super().report()
         rep.update(
             layout="packed",
-            layout_reason=WHY,
+            layout_reason=f"{self.meta.get('layout_reason', 'packed')}: {WHY}",
             rotation_steps=list(self.rotation_steps),
             galois_keys_count=len(self.rotation_steps),
         )

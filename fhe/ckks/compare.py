@@ -47,6 +47,7 @@ def compare_ckks(
         "scheme": "ckks",
         "mode": "execute" if execute else "simulate",
         "layout": backend.layout,
+        "layout_reason": backend.meta.get("layout_reason"),
     }
     if execute:
         backend.keygen()

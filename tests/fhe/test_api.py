@@ -54,3 +54,25 @@ def test_options_from_a_mapping_keep_only_theirs():
         opts.scheme == "ckks" and opts.poly_modulus_degree == 16384 and opts.calib_samples == 5000
     )
     assert api.CompileOptions().calib_samples == 2000
+
+
+def test_auto_layout_packs_one_query_and_batches_a_dataset():
+    def choice(for_dataset=False, **opts):
+        return api.choose_layout(api.CompileOptions(scheme="ckks", **opts), for_dataset)
+
+    one, many, refreshed, asked = (
+        choice(),
+        choice(True),
+        choice(refresh=True),
+        choice(layout="batch"),
+    )
+    assert (one.layout, many.layout, refreshed.layout, asked.layout) == (
+        "packed",
+        "batch",
+        "batch",
+        "batch",
+    )
+    assert "one query" in one.reason and "dataset" in many.reason
+    assert "--refresh" in refreshed.reason and "asked" in asked.reason
+    with pytest.raises(BadOptionError, match="layout"):
+        api.CompileOptions(scheme="ckks", layout="diagonal")

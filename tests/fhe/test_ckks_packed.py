@@ -2,6 +2,8 @@
 against the batch program (the same function through rotations and masks), the plan, and real SEAL
 runs."""
 
+import json
+
 import numpy as np
 import pytest
 import tenseal as ts
@@ -269,9 +271,7 @@ def test_cli_compiles_and_runs_a_packed_model(tmp_path):
             "compile",
             str(model),
             "--scheme",
-            "ckks",
-            "--layout",
-            "packed",
+            "ckks",  # --layout auto: one query, so packed
             "--calib",
             "500",
             "--activation-tol",
@@ -283,7 +283,9 @@ def test_cli_compiles_and_runs_a_packed_model(tmp_path):
         ],
     )
     assert res.exit_code == 0, res.output
-    assert "packed layout" in res.output and "rotation steps" in res.output
+    assert "packed layout; auto: one query" in res.output and "rotation steps" in res.output
+    reason = json.loads((tmp_path / "r.json").read_text())["layout_reason"]
+    assert reason.startswith("auto: one query")
     err = float(res.output.split("max |error|")[1].split()[0])
     assert err < 1e-2
     res = CliRunner().invoke(main, ["run", str(tmp_path / "art"), "--sample", "3"])
