@@ -89,8 +89,8 @@ def write_table(runs: list[dict], tasks: list[str], kinds: list[str], command: s
         "",
         f"Command: `{command}`",
         "",
-        "Mean ± 95% confidence interval over seeds (accuracy in %, adding-problem MSE). "
-        "p: Welch t-test against dot-product on the same task (p < 0.05 = significant difference).",
+        "Mean ± 95% confidence interval over seeds (accuracy in %, adding-problem MSE). p: Welch "
+        "t-test against dot-product on the same task (p < 0.05 = significant difference).",
         "Runs are cached in `accuracy_runs.json`; a cell with n < 5 or — is not fully measured "
         "yet, and `python benchmarks/accuracy.py --seeds 5` resumes and completes the table.",
         "",
@@ -158,8 +158,7 @@ def main() -> None:
         type=Path,
         default=None,
         help="write new runs here instead of accuracy_runs.json (a second process running beside "
-        "the "
-        "first); runs in either file count as done",
+        "the first); runs in either file count as done",
     )
     ap.add_argument(
         "--merge",

@@ -50,6 +50,12 @@ def main() -> None:
     )
     ap.add_argument("--calib", type=int, default=5000)
     ap.add_argument("--scale-bits", type=int, default=40)
+    ap.add_argument(
+        "--outer-bits", type=int, default=60, help="bits of the chain's first and special primes"
+    )
+    ap.add_argument(
+        "--poly-modulus-degree", type=int, default=None, help="N (default: the smallest that fits)"
+    )
     ap.add_argument("--reciprocal-tol", type=float, default=1e-2)
     ap.add_argument("--activation-tol", type=float, default=2e-2)
     args = ap.parse_args()
@@ -60,6 +66,8 @@ def main() -> None:
     params = CkksParams(
         layout="packed",
         scale_bits=args.scale_bits,
+        poly_modulus_degree=args.poly_modulus_degree,
+        outer_bits=args.outer_bits,
         approx=ApproxConfig(reciprocal_tol=args.reciprocal_tol, activation_tol=args.activation_tol),
     )
     start = time.perf_counter()

@@ -178,8 +178,8 @@ def markdown(rows: list[dict]) -> list[str]:
                 f"{r['test_samples_refused']} sample(s) refused"
                 for r in models
             )
-            + " (proven widths never change a value the calibrated program computes; "
-            "they only make room).",
+            + " (proven widths never change a value the calibrated program computes; they only "
+            "make room).",
         ]
     return lines
 

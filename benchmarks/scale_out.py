@@ -247,8 +247,8 @@ def main() -> None:
     for r in serve_rows:
         lines.append(
             f"| {r['scheme']} | {r['key_upload_s']:.2f} | {r['first_round_trip_s']:.2f} | "
-            f"{r['round_trip_s']:.2f} | {r['server_s']:.2f} | "
-            f"{r['bare_run_s']:.2f} | {r['overhead_s']:.2f} s | {100 * r['overhead_share']:.1f}% |"
+            f"{r['round_trip_s']:.2f} | {r['server_s']:.2f} | {r['bare_run_s']:.2f} | "
+            f"{r['overhead_s']:.2f} s | {100 * r['overhead_share']:.1f}% |"
         )
     lines += [
         "",

@@ -76,8 +76,8 @@ def write(reports: list[CircuitReport], out_dir: Path, stem: str, command: str) 
     rat = ratios(reports)
     if rat:
         md += (
-            "\n## Dot-product / Inhibitor, same run\n\n"
-            "| T | PBS ratio | max bits (dot, inh) | speed-up |\n|---|---|---|---|\n"
+            "\n## Dot-product / Inhibitor, same run\n\n| T | PBS ratio | max bits (dot, inh) | "
+            "speed-up |\n|---|---|---|---|\n"
         )
         md += "".join(
             f"| {r['seq_len']} | {r['pbs_ratio']:.2f} | {r['bits'][0]}, {r['bits'][1]} | "

@@ -113,8 +113,7 @@ def main() -> None:
     type=click.IntRange(min=1),
     default=None,
     help="Image tasks: tokens of PATCH x PATCH pixels instead of rows (digits --patch 4: 4 tokens "
-    "of "
-    "16 pixels; attention's encrypted cost grows with the square of the token count).",
+    "of 16 pixels; attention's encrypted cost grows with the square of the token count).",
 )
 @click.option(
     "--range-loss",
@@ -154,33 +153,38 @@ def main() -> None:
     type=click.Path(path_type=Path),
     default=None,
     help="Start from this model.pt (e.g. range-minimisation fine-tuning, PowerSoftmax Alg. 1 step "
-    "2); "
-    "its architecture is kept, except --power-form.",
+    "2); its architecture is kept, except --power-form.",
 )
 @click.option(
     "--power-eps",
     type=float,
     default=None,
     help="PowerSoftmax ε (Eq. 5; default 1e-3, or --init's); in the length-agnostic form it bounds "
-    "the "
-    "CKKS division interval below.",
+    "the CKKS division interval below.",
+)
+@click.option(
+    "--power-p",
+    type=int,
+    default=None,
+    help="PowerSoftmax power p, a positive even integer (Eq. 4; default 4): under CKKS x^p costs "
+    "log2(p) levels.",
 )
 @click.option(
     "--power-form",
     type=click.Choice(["stable", "length-agnostic"]),
     default=None,
     help="PowerSoftmax training form (default stable, or --init's): stable (Eqs. 5-6) or the "
-    "polynomial "
-    "model's length-agnostic form with ε (Eq. 7), whose division interval ε bounds from below.",
+    "polynomial model's length-agnostic form with ε (Eq. 7), whose division interval ε bounds from "
+    "below.",
 )
 @click.option(
     "--qat-bits",
     type=int,
     default=None,
     help="After float training, fine-tune through the TFHE integer program itself (activations at "
-    "N "
-    "bits; the other widths from the TFHE defaults or the options below): its integer program then "
-    "reproduces the QAT model exactly. The model file records the configuration for `fhe compile`.",
+    "N bits; the other widths from the TFHE defaults or the options below): its integer program "
+    "then reproduces the QAT model exactly. The model file records the configuration for `fhe "
+    "compile`.",
 )
 @click.option(
     "--qat-epochs",
@@ -273,8 +277,8 @@ def quant_options(fn):
             type=click.Choice(["minmax", "percentile"]),
             default="minmax",
             show_default=True,
-            help="Calibration ranges: min/max, or the 99.99th percentile (clips "
-            "outliers; better at 4 bits).",
+            help="Calibration ranges: min/max, or the 99.99th percentile (clips outliers; better "
+            "at 4 bits).",
         ),
         click.option(
             "--calib",
@@ -436,9 +440,8 @@ def fhe_options(fn):
             default="calibrated",
             show_default=True,
             help="TFHE: bit widths from the calibration set (inputs that would overflow one are "
-            "refused "
-            "by the client), or proven by interval arithmetic for every accepted input (wider, "
-            "slower).",
+            "refused by the client), or proven by interval arithmetic for every accepted input "
+            "(wider, slower).",
         ),
         click.option(
             "--compress-keys/--no-compress-keys",

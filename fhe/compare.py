@@ -52,8 +52,8 @@ def compare_tfhe(
     accepted = np.array([not clipped for _, clipped in runs])
     if not accepted.any():
         raise NothingToCompareError(
-            f"all {len(accepted)} samples would overflow a calibrated width; compile with "
-            "--ranges proven or calibrate on data like them (--calib)"
+            f"all {len(accepted)} samples would overflow a calibrated width; compile with --ranges "
+            "proven or calibrate on data like them (--calib)"
         )
     todo = x_int[accepted]
     if mode == "execute" and (workers or address):

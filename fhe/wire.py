@@ -48,8 +48,8 @@ def unpack(payload: bytes) -> list[bytes]:
         pos += 8
         if len(view) < pos + size:
             raise PayloadError(
-                f"truncated payload: item {i} of {count} announces {size} bytes, "
-                f"{len(view) - pos} remain"
+                f"truncated payload: item {i} of {count} announces {size} bytes, {len(view) - pos} "
+                "remain"
             )
         items.append(bytes(view[pos : pos + size]))
         pos += size

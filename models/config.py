@@ -29,6 +29,7 @@ class NormKind(str, Enum):
 class Activation(str, Enum):
     RELU = "relu"
     GELU = "gelu"
+    QUAD = "quad"  # 0.125x² + 0.25x + 0.5 (MPCFormer's "Quad"): exact under CKKS at depth 1
 
 
 class InputKind(str, Enum):

@@ -34,8 +34,32 @@ def make_norm(config: TransformerConfig) -> nn.Module:
     return nn.Identity()
 
 
+QUAD_COEFFS = (0.5, 0.25, 0.125)  # quad(x) = c₀ + c₁x + c₂x²
+
+
+def quad(x: Tensor) -> Tensor:
+    """0.125x² + 0.25x + 0.5: the degree-2 stand-in for GELU of MPCFormer (Li et al., 2023), which
+    a CKKS program evaluates exactly (one squaring) where GELU needs a fitted polynomial."""
+    c0, c1, c2 = QUAD_COEFFS
+    return c2 * x * x + c1 * x + c0
+
+
+class Quad(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return quad(x)
+
+
+def activation_fn(kind: Activation):
+    """The FFN activation as a function of a tensor (the integer program's tables read it)."""
+    return {
+        Activation.RELU: torch.relu,
+        Activation.GELU: nn.functional.gelu,
+        Activation.QUAD: quad,
+    }[kind]
+
+
 def make_activation(kind: Activation) -> nn.Module:
-    return nn.ReLU() if kind is Activation.RELU else nn.GELU()
+    return {Activation.RELU: nn.ReLU, Activation.GELU: nn.GELU, Activation.QUAD: Quad}[kind]()
 
 
 class FeedForward(nn.Module):

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.config import Activation, InputKind, NormKind
+from models.config import InputKind, NormKind
 from models.fold import fold_norms
+from models.layers import activation_fn
 from models.transformer import Block, Transformer
 from quant.config import QuantConfig
 from quant.ir import Graph, OverflowPolicy
@@ -145,7 +146,7 @@ def lower_block(low: Lowering, block: Block, h: QValue, name: str, cfg) -> QValu
     if block.has_ffn:
         ffn = block.ffn
         a = low.linear(h, ffn.fc1.weight, ffn.fc1.bias, f"{name}.ffn.fc1", f"{name}.ffn")
-        act = torch.relu if cfg.ffn_activation is Activation.RELU else torch.nn.functional.gelu
+        act = activation_fn(cfg.ffn_activation)
         a = low.lut(a, act, f"{name}.ffn.act", f"{name}.ffn")  # Eq. (4): (XW₁ᵀ + b₁)⁺
         h = residual(low, h, a, ffn.fc2, f"{name}.res2", f"{name}.ffn")
     return h

@@ -38,6 +38,7 @@ class TrainRequest:
     init_path: Path | None = None  # fine-tune this model file instead of training from scratch
     power_eps: float | None = None
     power_form: str | None = None
+    power_p: int | None = None
     qat_bits: int | None = None  # fine-tune through the integer program (or brevitas) at these bits
     qat_epochs: int | None = None
     qat_method: str = "program"
@@ -151,7 +152,11 @@ def _training_setup(req: TrainRequest):
         raise BadOptionError(str(exc)) from exc
     power = {
         k: v
-        for k, v in (("power_form", req.power_form), ("power_eps", req.power_eps))
+        for k, v in (
+            ("power_form", req.power_form),
+            ("power_eps", req.power_eps),
+            ("power_p", req.power_p),
+        )
         if v is not None
     }
     try:

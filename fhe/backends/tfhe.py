@@ -51,8 +51,8 @@ def _rounded(node, x, src, exact: bool = True):
 def _lut(node, args, src, exact):
     if node.attrs.get("per_channel"):
         raise ValueError(
-            f"{node.name}: per-channel lookups are not lowered to TFHE yet; "
-            "quantize with per-tensor weights"
+            f"{node.name}: per-channel lookups are not lowered to TFHE yet; quantize with "
+            "per-tensor weights"
         )
     fn, r = node.attrs["fn"], node.attrs.get("rounding_bits", 0)
     if r and src is not None and src.lo is not None and r >= src.bits:

@@ -8,7 +8,7 @@
   interval; the count is the smallest that meets the tolerance on a dense grid of the interval.
 - GELU(x) = x·sigmoid(1.702x) (App. C, Eq. 10): a Chebyshev fit of the sigmoid on the calibrated
   interval, degree the smallest whose error bound meets the tolerance; ReLU by a direct Chebyshev
-  fit.
+  fit; quad (0.125x² + 0.25x + 0.5) exactly, by one squaring.
 
 Every approximation is evaluated through an :class:`~fhe.ckks.arith.Arith`, so the clear reference,
 the depth planner and the encrypted run execute the very same polynomial operations.
@@ -25,6 +25,8 @@ from numpy.polynomial import chebyshev as C
 from scipy.special import erf
 
 from fhe.ckks.arith import Arith, ClearArith, Val
+from models.config import Activation
+from models.layers import QUAD_COEFFS, quad
 
 
 class ApproximationError(ValueError):
@@ -244,6 +246,16 @@ def relu_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
     return chebyshev_fit(lambda x: np.maximum(x, 0.0), lo, hi, tol, max_degree, name="ReLU")
 
 
+def quad_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
+    """quad(x) = c₀ + c₁x + c₂x² (models.layers.quad) in t = (x − mid)/half: exact, nothing fitted
+    (the interval only sets the map that keeps t in [−1, 1], as for every other activation)."""
+    c0, c1, c2 = QUAD_COEFFS
+    mid, half = (lo + hi) / 2, (hi - lo) / 2
+    return PolyFit(
+        (c0 + c1 * mid + c2 * mid**2, (c1 + 2 * c2 * mid) * half, c2 * half**2), mid, half, 0.0
+    )
+
+
 def abs_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
     """|x| with error ≤ tol · max|x| on the interval (the Inhibitor's Manhattan distances, Eq.
     5)."""
@@ -291,6 +303,41 @@ def poly_eval(ar: Arith, t: Val, coeffs: tuple[float, ...]) -> Val:
     if not ks:
         return ar.add_scalar(ar.lincomb([t], [0.0]), coeffs[0])
     return ar.lincomb([power(k) for k in ks], [coeffs[k] for k in ks], coeffs[0])
+
+
+def activation_exact(kind: Activation) -> Callable[[np.ndarray], np.ndarray]:
+    """The FFN activation on clear arrays, as calibration runs it (GELU in the float model's erf
+    form)."""
+    return {
+        Activation.GELU: gelu_exact,
+        Activation.RELU: lambda z: np.maximum(z, 0.0),
+        Activation.QUAD: quad,
+    }[kind]
+
+
+@dataclass(frozen=True)
+class SquareForm:
+    """c₀ + c₁t + c₂t² = c₂(t + shift)² + offset (completing the square): the shift folds into the
+    linear map that produces t and ``scale`` = c₂ and ``offset`` into the one that reads the
+    result, so a degree-2 activation costs one squaring and no clear-weighted sum (one level, not
+    two)."""
+
+    shift: float
+    scale: float
+    offset: float
+
+    @classmethod
+    def of(cls, coeffs: tuple[float, ...]) -> SquareForm | None:
+        """The square form of a degree-2 polynomial, None for any other."""
+        if len(coeffs) != 3 or coeffs[2] == 0:
+            return None
+        c0, c1, c2 = coeffs
+        return cls(c1 / (2 * c2), c2, c0 - c1 * c1 / (4 * c2))
+
+
+def activation_coeffs(kind: Activation, fit: PolyFit) -> tuple[float, ...]:
+    """The activation as one polynomial of t (GELU's x·q(t) expanded, Eq. 10)."""
+    return gelu_coeffs(fit) if kind is Activation.GELU else tuple(fit.coeffs)
 
 
 def gelu_coeffs(fit: PolyFit) -> tuple[float, ...]:

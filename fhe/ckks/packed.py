@@ -240,29 +240,29 @@ class PackedProgram:
         w, T, cfg = self.program.weights, self.T, self.program.config
         lay = self.layout(w[f"{key}.fc1.weight"].shape[0])
         u = x.apply(per_position(w[f"{key}.fc1.weight"], T), np.tile(w[f"{key}.fc1.bias"], T))
-        act = self.activation(
+        act, scale, offset = self.activation(
             ar, rot, f"{tag}.{cfg.ffn_activation.value}", u, lay, cfg.ffn_activation
         )
-        return Affine(
-            [(act, per_position(w[f"{key}.fc2.weight"], T))], np.tile(w[f"{key}.fc2.bias"], T)
-        )
+        w2 = per_position(w[f"{key}.fc2.weight"], T)
+        return Affine([(act, scale * w2)], np.tile(w[f"{key}.fc2.bias"], T) + offset * w2.sum(1))
 
     def activation(
         self, ar: Arith, rot: Rotations, name: str, u: Affine, lay: Layout, kind: Activation
-    ) -> PVec:
-        """GELU (x·q(t), Eq. 10) or ReLU (p(t)), t = (u − mid)/half folded into u's matrices."""
+    ) -> tuple[PVec, float, float]:
+        """The batch program's activation on packed values (:meth:`PolyProgram._activation`): v
+        with activation = scale·v + offset, a degree-2 polynomial in its square form."""
         op = self.program.ops[name]
         fit = A.PolyFit(tuple(op["coeffs"]), op["mid"], op["half"], op["max_error"])
+        coeffs = A.activation_coeffs(kind, fit)
+        square = A.SquareForm.of(coeffs)
+        t_map = u.apply(np.eye(u.size) / op["half"], -op["mid"] / op["half"])
         with ar.stage(name):
-            t = self.materialize(
-                ar, rot, name, u.apply(np.eye(u.size) / op["half"], -op["mid"] / op["half"]), lay
-            )
-            out = (
-                A.gelu_eval(ar, t.val, fit)
-                if kind is Activation.GELU
-                else A.poly_eval(ar, t.val, fit.coeffs)
-            )
-        return PVec(out, lay, clean=lay.size == lay.period)
+            if square is None:
+                t = self.materialize(ar, rot, name, t_map, lay)
+                out = A.poly_eval(ar, t.val, coeffs)
+                return PVec(out, lay, clean=lay.size == lay.period), 1.0, 0.0
+            s = self.materialize(ar, rot, name, t_map.apply(np.eye(u.size), square.shift), lay)
+            return PVec(ar.square(s.val), lay, clean=s.clean), square.scale, square.offset
 
     def _head(self, ar: Arith, rot: Rotations, h: Affine) -> Val:
         """head(mean over positions of h) = Σ_t (head·W/T) h_t: each position-wise term through the

@@ -90,11 +90,12 @@ class PolyProgram:
             )
         return True
 
-    def _observe(self, ar: Arith, name: str, vals: list[Val]) -> None:
-        """Clear runs record the input range (calibration) and count values outside the interval."""
+    def _observe(self, ar: Arith, name: str, vals: list[Val], offset: float = 0.0) -> None:
+        """Clear runs record the input range (calibration) and count values outside the interval
+        (of the values + ``offset``)."""
         if not isinstance(ar, ClearArith):
             return
-        data = np.concatenate([np.ravel(v.data) for v in vals])
+        data = np.concatenate([np.ravel(v.data) for v in vals]) + offset
         lo, hi = float(data.min()), float(data.max())
         old = ar.ranges.get(name)
         ar.ranges[name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
@@ -145,6 +146,7 @@ class PolyProgram:
         fitter = {
             "gelu": A.gelu_fit,
             "relu": A.relu_fit,
+            "quad": A.quad_fit,
             "abs": A.abs_fit,
             "inhibit": A.inhibit_fit,
             "exp": A.exp_fit,
@@ -206,12 +208,11 @@ class PolyProgram:
     def _ffn(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
         w, T = self.weights, self.config.seq_len
         u = x.apply(per_position(w[f"{key}.fc1.weight"], T), np.tile(w[f"{key}.fc1.bias"], T))
-        act = self._activation(
+        act, scale, offset = self._activation(
             ar, f"{tag}.{self.config.ffn_activation.value}", u, self.config.ffn_activation
         )
-        return Affine(
-            [(act, per_position(w[f"{key}.fc2.weight"], T))], np.tile(w[f"{key}.fc2.bias"], T)
-        )
+        w2 = per_position(w[f"{key}.fc2.weight"], T)
+        return Affine([(act, scale * w2)], np.tile(w[f"{key}.fc2.bias"], T) + offset * w2.sum(1))
 
     def approximate(
         self, ar: Arith, name: str, t: list[Val], exact, scale: float = 1.0
@@ -234,20 +235,30 @@ class PolyProgram:
         op = self.ops.get(name)
         return (op["mid"], op["half"]) if op else (0.0, 1.0)
 
-    def _activation(self, ar: Arith, name: str, u: Affine, kind: Activation) -> list[Val]:
-        """GELU (x·q(t), Eq. 10) or ReLU (p(t)) with t = (u − mid)/half folded into u's weights."""
+    def _activation(
+        self, ar: Arith, name: str, u: Affine, kind: Activation
+    ) -> tuple[list[Val], float, float]:
+        """GELU (x·q(t), Eq. 10), ReLU or quad as p(t), t = (u − mid)/half folded into u's weights:
+        values v with activation = scale·v + offset, the scale and offset left to the next linear
+        layer (a degree-2 p in its square form, :class:`~fhe.ckks.approx.SquareForm`)."""
         calibrating = self._calibrating(name, ar)
         op = self.ops.get(name, {"mid": 0.0, "half": 1.0})
+        t_map = u.apply(np.eye(u.size) / op["half"], -op["mid"] / op["half"])
         with ar.stage(name):
-            t = u.apply(np.eye(u.size) / op["half"], -op["mid"] / op["half"]).materialize(ar)
-            self._observe(ar, name, t)
             if calibrating:
-                f = A.gelu_exact if kind is Activation.GELU else (lambda z: np.maximum(z, 0.0))
-                return [Val(f(ti.data), ti.level) for ti in t]
+                t = t_map.materialize(ar)
+                self._observe(ar, name, t)
+                return [Val(A.activation_exact(kind)(ti.data), ti.level) for ti in t], 1.0, 0.0
             fit = A.PolyFit(tuple(op["coeffs"]), op["mid"], op["half"], op["max_error"])
-            if kind is Activation.GELU:
-                return [A.gelu_eval(ar, ti, fit) for ti in t]
-            return [A.poly_eval(ar, ti, fit.coeffs) for ti in t]
+            coeffs = A.activation_coeffs(kind, fit)
+            square = A.SquareForm.of(coeffs)
+            if square is None:
+                t = t_map.materialize(ar)
+                self._observe(ar, name, t)
+                return [A.poly_eval(ar, ti, coeffs) for ti in t], 1.0, 0.0
+            s = t_map.apply(np.eye(u.size), square.shift).materialize(ar)
+            self._observe(ar, name, s, offset=-square.shift)
+            return [ar.square(si) for si in s], square.scale, square.offset
 
 
 def encode_clear(ar: ClearArith, x: np.ndarray | torch.Tensor) -> list[Val]:

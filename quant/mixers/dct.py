@@ -25,8 +25,9 @@ def lower(low: Lowering, mixer, h: QValue, name: str, cfg) -> tuple[QValue, torc
 
 
 def lower_dct(low: Lowering, mixer, q: QValue, k: QValue, v: QValue, name: str) -> QValue:
-    """DCT-Former Algorithm 1: compress Q, K, V with the clear D̄ (n̄ × T), attend over n̄ positions,
-    expand with D̄ᵀ. The DCT matrices are clear constants, so both transforms are leveled."""
+    """DCT-Former Algorithm 1: compress Q, K, V with the clear D̄ (n̄ × T), attend over n̄
+    positions, expand with D̄ᵀ. The DCT matrices are clear constants, so both transforms are
+    leveled."""
     T = q.shape[-2]
     D = AF.dct_matrix(T, min(mixer.n_bar, T), dtype=torch.float64).numpy()
     qb, kb, vb = (

@@ -105,6 +105,7 @@ CASES = {
     "activator, layernorm": dict(attention="activator", norm="layernorm"),
     "geglu-only": dict(attention="geglu-only"),
     "activator": dict(attention="activator", seq_len=3),
+    "quad FFN (square form)": dict(ffn_activation="quad"),
 }
 
 
@@ -163,8 +164,8 @@ def test_packed_refuses_what_it_does_not_lower(monkeypatch):
     )  # a kind with no packed lowering
     with pytest.raises(
         PolynomialError,
-        match="no lowering registered for power-softmax under CKKS in the packed "
-        "layout .*use --layout batch",
+        match="no lowering registered for power-softmax under CKKS in the packed layout .*use "
+        "--layout batch",
     ):
         PackedProgram(program, 4096)
     monkeypatch.undo()

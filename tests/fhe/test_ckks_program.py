@@ -68,6 +68,20 @@ def test_gelu_fit_follows_eq10_and_is_close_to_erf_gelu():
         A.gelu_fit(-4.0, 5.0, 1e-2, 3)
 
 
+def test_quad_is_exact_and_its_square_form_saves_the_weighted_sum():
+    fit = A.quad_fit(-3.0, 5.0, 1e-2, 31)
+    x = np.linspace(-3, 5, 101)
+    t = (x - fit.mid) / fit.half
+    naive = 0.125 * x**2 + 0.25 * x + 0.5  # MPCFormer's quad, computed directly
+    np.testing.assert_allclose(np.polynomial.polynomial.polyval(t, fit.coeffs), naive, atol=1e-12)
+    sq = A.SquareForm.of(fit.coeffs)
+    ar = ClearArith()
+    out = ar.square(Val(t + sq.shift))
+    np.testing.assert_allclose(sq.scale * out.data + sq.offset, naive, atol=1e-12)
+    assert out.level == 1 and A.poly_eval(ClearArith(), Val(t), fit.coeffs).level == 2
+    assert A.SquareForm.of((1.0, 2.0, 0.0)) is None and A.SquareForm.of((1.0, 2.0, 3.0, 4.0)) is None
+
+
 def test_poly_eval_value_and_depth():
     coeffs = (0.5, -1.0, 0.25, 0.0, 2.0, 0.0, 0.0, 0.0, -0.125)
     t = np.linspace(-1, 1, 101)
@@ -128,6 +142,7 @@ def test_planner_depths_match_the_128_bit_table():
         {"ffn_activation": "relu", "n_layers": 2},
         {"attention": "activator", "ffn_activation": "relu"},
         {"attention": "geglu-only", "norm": "layernorm"},
+        {"ffn_activation": "quad"},
     ],
 )
 def test_exact_program_equals_the_float_inference_form(overrides):
@@ -139,6 +154,28 @@ def test_exact_program_equals_the_float_inference_form(overrides):
     )
     got = program.clear(x.numpy())
     np.testing.assert_allclose(got, float_inference_form(model, x), atol=1e-9)
+
+
+def test_a_quad_model_is_computed_exactly_one_level_per_activation():
+    """quad has no approximation error: the polynomial program is the float model up to the
+    attention's division (Goldschmidt to 1e-9 here), and its FFN stage costs two levels (the map to
+    t, one squaring), fewer than a fitted ReLU."""
+    calib = torch.randn(200, 4, 3, dtype=torch.float64)
+    depths = {}
+    for act in ("quad", "relu"):
+        model = tiny(ffn_activation=act)
+        program = build_program(
+            model, calib, ApproxConfig(activation_tol=0.05, reciprocal_tol=1e-9)
+        )
+        ar = ClearArith()
+        got = program.clear(calib[:50].numpy(), ar)
+        if act == "quad":
+            np.testing.assert_allclose(got, float_inference_form(model, calib[:50]), atol=1e-7)
+        levels = ar.summary()["level_after_tag"]
+        tags = list(levels)
+        ffn = next(t for t in tags if t.endswith(f"ffn.{act}"))
+        depths[act] = levels[ffn] - levels[tags[tags.index(ffn) - 1]]
+    assert depths["quad"] == 2 < depths["relu"]
 
 
 def test_polynomial_program_tracks_the_float_model():

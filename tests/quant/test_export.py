@@ -79,6 +79,21 @@ def test_sixteen_bit_program_tracks_the_float_model(kind):
     assert np.abs(got - ref).max() < 0.02 * np.abs(ref).max() + 1e-3
 
 
+def test_quad_ffn_exports_its_table_and_tracks_the_float_model():
+    """The FFN's quad activation (CKKS-exact) is one lookup under TFHE, like ReLU or GELU."""
+    model = tiny(AttentionKind.INHIBITOR, ffn_activation="quad")
+    x = torch.rand(300, 6, 5, dtype=torch.float64)
+    program = export(model, x[:250], QuantConfig(n_bits=16, weight_bits=14))
+    with torch.no_grad():
+        ref = model(x[250:]).numpy()
+    got = program.forward(x[250:], OverflowPolicy.CLIP)
+    assert np.abs(got - ref).max() < 0.02 * np.abs(ref).max() + 1e-3
+    low = export(model, x[:250], QuantConfig(n_bits=6))
+    held_out = x[250:]
+    out_int, _ = low.run_int(low.quantize_input(held_out), OverflowPolicy.CLIP)
+    np.testing.assert_allclose(low.dequantize_output(out_int), low.fake_forward(held_out), atol=1e-9)
+
+
 def test_layernorm_and_token_models_fail_with_what_to_do():
     with pytest.raises(ExportError, match="--norm none"):
         export(

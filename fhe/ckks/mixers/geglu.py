@@ -27,14 +27,17 @@ def lower_geglu(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
     hidden = w[f"{key}.up_value.weight"].shape[0]
     u = x.apply(per_position(w[f"{key}.up_value.weight"], T), np.tile(w[f"{key}.up_value.bias"], T))
     g = x.apply(per_position(w[f"{key}.up_gate.weight"], T), np.tile(w[f"{key}.up_gate.bias"], T))
-    gate = prog._activation(ar, f"{tag}.gelu", g, Activation.GELU)
+    vals, scale, offset = prog._activation(ar, f"{tag}.gelu", g, Activation.GELU)
+    gate_map = _scaled(vals, scale, offset, len(vals))
+    gate = vals
     if prog.config.norm is NormKind.LAYERNORM:
         u = prog._layernorm(ar, f"{tag}.norm_value", u, hidden)
-        normed = prog._layernorm(
-            ar, f"{tag}.norm_gate", Affine([(gate, np.eye(len(gate)))], np.zeros(len(gate))), hidden
-        )
+        normed = prog._layernorm(ar, f"{tag}.norm_gate", gate_map, hidden)
         with ar.stage(f"{tag}.gate"):
             gate = normed.materialize(ar)
+    elif (scale, offset) != (1.0, 0.0):
+        with ar.stage(f"{tag}.gate"):
+            gate = gate_map.materialize(ar)
     with ar.stage(f"{tag}.gate"):
         prod = [ar.mul(a, b) for a, b in zip(u.materialize(ar), gate, strict=True)]
     return Affine(
@@ -59,21 +62,24 @@ def lower_packed_geglu(
     lay = pk.layout(hidden)
     u = x.apply(per_position(w[f"{key}.up_value.weight"], T), np.tile(w[f"{key}.up_value.bias"], T))
     g = x.apply(per_position(w[f"{key}.up_gate.weight"], T), np.tile(w[f"{key}.up_gate.bias"], T))
-    gate = pk.activation(ar, rot, f"{tag}.gelu", g, lay, Activation.GELU)
+    gate, scale, offset = pk.activation(ar, rot, f"{tag}.gelu", g, lay, Activation.GELU)
+    gate_map = _scaled(gate, scale, offset, lay.size)
     if pk.program.config.norm is NormKind.LAYERNORM:
         u = pk.layernorm(ar, rot, f"{tag}.norm_value", u, hidden)
-        normed = pk.layernorm(
-            ar,
-            rot,
-            f"{tag}.norm_gate",
-            Affine([(gate, np.eye(lay.size))], np.zeros(lay.size)),
-            hidden,
-        )
+        normed = pk.layernorm(ar, rot, f"{tag}.norm_gate", gate_map, hidden)
         with ar.stage(f"{tag}.gate"):
             gate = pk.materialize(ar, rot, f"{tag}.norm_gate.out", normed, lay)
+    elif (scale, offset) != (1.0, 0.0):
+        with ar.stage(f"{tag}.gate"):
+            gate = pk.materialize(ar, rot, f"{tag}.gate.out", gate_map, lay)
     with ar.stage(f"{tag}.gate"):
         prod = ar.mul(pk.materialize(ar, rot, f"{key}.up_value", u, lay).val, gate.val)
     return Affine(
         [(PVec(prod, lay), per_position(w[f"{key}.down.weight"], T))],
         np.tile(w[f"{key}.down.bias"], T),
     )
+
+
+def _scaled(vals, scale: float, offset: float, n: int) -> Affine:
+    """scale·vals + offset as a lazy map (an activation's value, see PolyProgram._activation)."""
+    return Affine([(vals, scale * np.eye(n))], np.full(n, offset))
