@@ -79,7 +79,9 @@ def test_quad_is_exact_and_its_square_form_saves_the_weighted_sum():
     out = ar.square(Val(t + sq.shift))
     np.testing.assert_allclose(sq.scale * out.data + sq.offset, naive, atol=1e-12)
     assert out.level == 1 and A.poly_eval(ClearArith(), Val(t), fit.coeffs).level == 2
-    assert A.SquareForm.of((1.0, 2.0, 0.0)) is None and A.SquareForm.of((1.0, 2.0, 3.0, 4.0)) is None
+    assert (
+        A.SquareForm.of((1.0, 2.0, 0.0)) is None and A.SquareForm.of((1.0, 2.0, 3.0, 4.0)) is None
+    )
 
 
 def test_poly_eval_value_and_depth():

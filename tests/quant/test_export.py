@@ -91,7 +91,9 @@ def test_quad_ffn_exports_its_table_and_tracks_the_float_model():
     low = export(model, x[:250], QuantConfig(n_bits=6))
     held_out = x[250:]
     out_int, _ = low.run_int(low.quantize_input(held_out), OverflowPolicy.CLIP)
-    np.testing.assert_allclose(low.dequantize_output(out_int), low.fake_forward(held_out), atol=1e-9)
+    np.testing.assert_allclose(
+        low.dequantize_output(out_int), low.fake_forward(held_out), atol=1e-9
+    )
 
 
 def test_layernorm_and_token_models_fail_with_what_to_do():
