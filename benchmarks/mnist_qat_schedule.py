@@ -67,6 +67,13 @@ CANDIDATES = [  # label, QAT epochs, learning rate, distillation weight, quantiz
         0.5,
         {"weight_bits": 6, "attention_bits": 5, "lut_bits": 5},
     ),
+    (
+        "10 epochs at 5e-4, 6-bit weights, 6-bit Q/K/V, attention lookups rounded to 6 bits",
+        10,
+        5e-4,
+        0.5,
+        {"weight_bits": 6, "round_attention": True},
+    ),
 ]
 
 

@@ -43,8 +43,10 @@ class QuantConfig:
     that it reads at most this many bits (chosen per lookup from its calibrated range; TFHE's PBS
     cost grows steeply with this width). ``attention_bits`` (default ``n_bits``): the Q, K and V
     requantisations, which set the width of every attention lookup (|q − k|, (v − z)⁺, ...): the
-    T²-sized part of the circuit. ``bits_overrides``: per-requantisation-point n_bits, keyed by
-    point name prefix (e.g. ``{"block0.attn": 8}``).
+    T²-sized part of the circuit. ``round_attention``: the attention's exact lookups (|q − k| and
+    (v − z)⁺, whose inputs are one bit wider than Q/K/V) are rounded to ``lut_bits`` like every
+    other lookup, dropping that bit instead of paying for a wider PBS. ``bits_overrides``:
+    per-requantisation-point n_bits, keyed by point name prefix (e.g. ``{"block0.attn": 8}``).
     """
 
     n_bits: int = 6
@@ -58,6 +60,7 @@ class QuantConfig:
     lut_bits: int | None = None
     bits_overrides: tuple[tuple[str, int], ...] = ()
     attention_bits: int | None = None
+    round_attention: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weight_granularity", Granularity(self.weight_granularity))

@@ -36,8 +36,9 @@ def lower_inhibitor(
         f"{name}.diff",
         tag_s,
     )  # (nh, T, T, dh)
+    rounding = low.config.round_attention  # round |q − k| and (v − z)⁺ to lut_bits too
     dist = low.sum(
-        low.lut_exact(diff, torch.abs, f"{name}.abs", tag_s), -1, f"{name}.l1", tag_s
+        low.lut_exact(diff, torch.abs, f"{name}.abs", tag_s, rounding), -1, f"{name}.l1", tag_s
     )  # Eq. (5)
     z_q = Quantizer(v_quantizer.scale, 0, v_quantizer.n_bits - 1, False)  # [0, max|V|] on V's grid
     gamma, alpha = mixer.gamma, mixer.alpha
@@ -47,15 +48,15 @@ def lower_inhibitor(
     z = low.expand_dims(z, -1, f"{name}.z.e")  # (nh, T, T, 1)
     if not mixer.signed:
         t = low.sub(low.expand_dims(v, -3, f"{name}.v.e"), z, f"{name}.vz", tag_h)  # V_jk − Z'_ij
-        t = low.lut_exact(t, torch.relu, f"{name}.relu", tag_h)  # Eq. (6)
+        t = low.lut_exact(t, torch.relu, f"{name}.relu", tag_h, rounding)  # Eq. (6)
         return low.sum(t, -2, f"{name}.h", tag_h)
     v_pos = low.lut_exact(v, torch.relu, f"{name}.v.pos", tag_h)  # V⁺
     v_neg = low.sub(v, v_pos, f"{name}.v.neg", tag_h)  # V⁻ = V − V⁺, free
     pos = low.sub(low.expand_dims(v_pos, -3, f"{name}.vp.e"), z, f"{name}.vpz", tag_h)
-    pos = low.lut_exact(pos, torch.relu, f"{name}.relu.pos", tag_h)  # (V⁺ − Z')⁺
+    pos = low.lut_exact(pos, torch.relu, f"{name}.relu.pos", tag_h, rounding)  # (V⁺ − Z')⁺
     neg = low.add(low.expand_dims(v_neg, -3, f"{name}.vn.e"), z, f"{name}.vnz", tag_h)
     neg = low.lut_exact(
-        neg, lambda t: torch.clamp(t, max=0), f"{name}.relu.neg", tag_h
+        neg, lambda t: torch.clamp(t, max=0), f"{name}.relu.neg", tag_h, rounding
     )  # (V⁻ + Z')⁻
     both = low.add(pos, neg, f"{name}.pn", tag_h)
     return low.sum(both, -2, f"{name}.h", tag_h)  # Eq. (7)

@@ -96,6 +96,33 @@ def test_quad_ffn_exports_its_table_and_tracks_the_float_model():
     )
 
 
+@pytest.mark.parametrize("kind", [AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR])
+def test_round_attention_keeps_the_attention_lookups_within_lut_bits(kind):
+    """Without it the Inhibitor's T²-sized lookups (|q − k|, (v − z)⁺) read one bit more than
+    Q/K/V; with it they are rounded like every lookup (to lut_bits, one more where the maximum
+    rounds up), and the integer program still equals its fake-quantized twin."""
+    torch.manual_seed(0)
+    model = tiny(kind)
+    x = torch.rand(200, 6, 5, dtype=torch.float64)
+    widths = {}
+    for rounded in (False, True):
+        cfg = QuantConfig(n_bits=6, attention_bits=6, lut_bits=5, round_attention=rounded)
+        program = export(model, x[:200], cfg)
+        g = program.graph
+        widths[rounded] = max(
+            n.lut_input_bits(g)
+            for n in g.nodes.values()
+            if n.op == "lut" and n.name.endswith(("attn.abs", "attn.relu", "relu.pos", "relu.neg"))
+        )
+        calib = x[:200]  # its widths were calibrated here: nothing clips
+        out_int, clipped = program.run_int(program.quantize_input(calib), OverflowPolicy.CLIP)
+        assert not clipped
+        np.testing.assert_allclose(
+            program.dequantize_output(out_int), program.fake_forward(calib), atol=1e-9
+        )
+    assert widths[False] > widths[True] <= 5 + 1  # + 1: a maximum that rounds up
+
+
 def test_layernorm_and_token_models_fail_with_what_to_do():
     with pytest.raises(ExportError, match="--norm none"):
         export(
