@@ -39,6 +39,14 @@ TRAIN_CLI = (
     "--power-form length-agnostic --power-eps 0.05 --d-model 16 --heads 2 --epochs {epochs} "
     "--range-loss 0.1 --range-threshold 1.0 --act-range-loss 0.05 --act-range-threshold 3"
 )
+# The shallow recipe for one packed query at N = 16384 (depth 10): x² instead of x⁴ (one level),
+# the exact quad activation instead of fitted GELU (two levels instead of six), ε = 1 so the
+# division's interval is [1, 2] and one Goldschmidt iteration meets 5e-2.
+SHALLOW_RECIPE = {**RECIPE, "ffn_activation": "quad", "power_p": 2, "power_eps": 1.0}
+SHALLOW_TRAIN_CLI = TRAIN_CLI.replace(
+    "--ffn-activation gelu", "--ffn-activation quad --power-p 2"
+).replace("--power-eps 0.05", "--power-eps 1.0")
+RECIPES = {"gelu": (RECIPE, TRAIN_CLI), "quad": (SHALLOW_RECIPE, SHALLOW_TRAIN_CLI)}
 
 
 def get_model(args):
@@ -47,7 +55,9 @@ def get_model(args):
             args.model
         ).model, f"model {args.model}, trained by the command in its results note"
     data = load_task(args.task)
-    cfg = config_for_task(data, **RECIPE)
+    name = getattr(args, "recipe", "gelu")
+    recipe, _ = RECIPES[name]
+    cfg = config_for_task(data, **recipe)
     tcfg = TrainConfig(
         epochs=args.epochs,
         batch_size=64 if args.task == "digits" else 128,
@@ -59,7 +69,7 @@ def get_model(args):
         act_range_threshold=3.0,
     )
     result = train(cfg, data, tcfg, progress=True)
-    out = Path("runs") / f"ckks_{args.task}.pt"
+    out = Path("runs") / f"ckks_{args.task}{'' if name == 'gelu' else '_' + name}.pt"
     out.parent.mkdir(exist_ok=True)
     save_checkpoint(out, result.model, data)
     return result.model, f"trained here, saved to {out}"

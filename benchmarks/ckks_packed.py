@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from benchmarks._results import command_line, write_results  # noqa: E402
-from benchmarks.ckks_compare import TRAIN_CLI, get_model  # noqa: E402
+from benchmarks.ckks_compare import RECIPES, get_model  # noqa: E402
 from fhe.ckks import ApproxConfig  # noqa: E402
 from fhe.ckks.program import float_inference_form  # noqa: E402
 from fhe.harness import compile_model  # noqa: E402
@@ -42,6 +42,13 @@ def main() -> None:
         "--model", default=None, help="a trained model.pt (default: train one with the recipe)"
     )
     ap.add_argument("--epochs", type=int, default=60)
+    ap.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="gelu",
+        help="training recipe when no --model: gelu (x⁴, GELU, ε 0.05: depth 20, N = 32768) or "
+        "quad (x², quad, ε 1: depth 10, N = 16384)",
+    )
     ap.add_argument(
         "--n-exec", type=int, default=3, help="test samples run encrypted, one query each"
     )
@@ -154,7 +161,7 @@ def main() -> None:
         f"Command: `{command_line()}` ({origin})"
         if args.model
         else f"Command: `{command_line()}` ({origin}; the same recipe as a CLI command: "
-        f"`{TRAIN_CLI.format(task=args.task, epochs=args.epochs)}`)",
+        f"`{RECIPES[args.recipe][1].format(task=args.task, epochs=args.epochs)}`)",
         "",
         f"One sample per ciphertext, N = {rep['poly_modulus_degree']}, depth {rep['depth']} of "
         f"chain {rep['coeff_mod_bit_sizes']} (scale 2^{rep['scale_bits']}), no client-assisted "
@@ -198,7 +205,8 @@ def main() -> None:
             f"| {tag} | {c.get('rotation', 0)} | {c.get('ct_ct_mul', 0)} | {c.get('ct_pt_mul', 0)} "
             f"| {c.get('rescale', 0)} | {stages.get(tag, 0.0):.2f} |"
         )
-    paths = write_results(f"ckks_packed_{args.task}", lines, result)
+    suffix = "" if args.model or args.recipe == "gelu" else f"_{args.recipe}"
+    paths = write_results(f"ckks_packed_{args.task}{suffix}", lines, result)
     print("\n".join(lines))
     print(f"wrote {paths['md']}")
 

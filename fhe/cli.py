@@ -481,6 +481,14 @@ def fhe_options(fn):
             "--scale-bits", type=int, default=40, show_default=True, help="CKKS scale 2^bits."
         ),
         click.option(
+            "--outer-bits",
+            type=int,
+            default=60,
+            show_default=True,
+            help="CKKS: bits of the chain's first and special primes (smaller ones leave room for "
+            "more levels or a larger scale; the first must hold the output's integer part).",
+        ),
+        click.option(
             "--refresh",
             is_flag=True,
             help="CKKS: allow client-assisted refreshes (the data owner decrypts and re-encrypts "

@@ -68,6 +68,7 @@ class CompileOptions:
     # CKKS
     poly_modulus_degree: int | None = None
     scale_bits: int = 40
+    outer_bits: int = 60
     refresh: bool = False
     reciprocal_tol: float = 1e-2
     activation_tol: float = 2e-2
@@ -244,6 +245,7 @@ def _compile_ckks(
         params = CkksParams(
             poly_modulus_degree=options.poly_modulus_degree,
             scale_bits=options.scale_bits,
+            outer_bits=options.outer_bits,
             refresh=options.refresh,
             layout=options.layout,
             approx=ApproxConfig(
