@@ -294,6 +294,60 @@ def test_cli_compiles_and_runs_a_packed_model(tmp_path):
     assert "encrypted prediction" in res.output
 
 
+def test_the_shallow_recipe_trains_and_plans_one_query_at_n_16384(tmp_path):
+    """fhe train with x², quad and ε = 1, then fhe compile --scheme ckks: the packed layout (auto)
+    at depth 10 fits N = 16384 with 45-bit outer primes and a 34-bit scale."""
+    from click.testing import CliRunner
+
+    from fhe.cli import main
+
+    model = tmp_path / "q.pt"
+    train = [
+        "train",
+        "--task",
+        "digits",
+        "--attention",
+        "power-softmax",
+        "--norm",
+        "none",
+        "--ffn-activation",
+        "quad",
+        "--power-p",
+        "2",
+        "--power-form",
+        "length-agnostic",
+        "--power-eps",
+        "1.0",
+        "--d-model",
+        "8",
+        "--heads",
+        "2",
+        "--epochs",
+        "2",
+        "--range-loss",
+        "0.1",
+        "--range-threshold",
+        "1.0",
+        "--quiet",
+        "-o",
+    ]
+    res = CliRunner().invoke(main, [*train, str(model)])
+    assert res.exit_code == 0, res.output
+    args = "--scheme ckks --no-run --outer-bits 45 --scale-bits 34 --reciprocal-tol 5e-2"
+    res = CliRunner().invoke(
+        main, ["compile", str(model), *args.split(), "--json", str(tmp_path / "r.json")]
+    )
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["layout"] == "packed" and rep["poly_modulus_degree"] == 16384
+    assert rep["coeff_mod_bit_sizes"][0] == 45 and rep["scale_bits"] == 34
+    assert (
+        rep["depth_per_tag"]["block0.ffn.quad"] - rep["depth_per_tag"]["block0.attention.values"]
+        == 2
+    )
+    assert rep["approximations"]["block0.ffn.quad"]["max_error"] == 0.0  # exact, nothing fitted
+
+
 @pytest.mark.slow
 def test_packed_inhibitor_runs_encrypted():
     """The Inhibitor packed, under SEAL: depth ~22 needs N = 32768 at 2^33 (~50 s keygen, ~25 s a
