@@ -46,7 +46,14 @@ SHALLOW_RECIPE = {**RECIPE, "ffn_activation": "quad", "power_p": 2, "power_eps":
 SHALLOW_TRAIN_CLI = TRAIN_CLI.replace(
     "--ffn-activation gelu", "--ffn-activation quad --power-p 2"
 ).replace("--power-eps 0.05", "--power-eps 1.0")
-RECIPES = {"gelu": (RECIPE, TRAIN_CLI), "quad": (SHALLOW_RECIPE, SHALLOW_TRAIN_CLI)}
+# The same with LayerNorm inside the chain (Newton 1/√σ², PowerSoftmax paper App. G's breakdown)
+LAYERNORM_RECIPE = {**SHALLOW_RECIPE, "norm": "layernorm"}
+LAYERNORM_TRAIN_CLI = SHALLOW_TRAIN_CLI.replace("--norm none", "--norm layernorm")
+RECIPES = {
+    "gelu": (RECIPE, TRAIN_CLI),
+    "quad": (SHALLOW_RECIPE, SHALLOW_TRAIN_CLI),
+    "quad-layernorm": (LAYERNORM_RECIPE, LAYERNORM_TRAIN_CLI),
+}
 
 
 def get_model(args):
