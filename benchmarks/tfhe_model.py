@@ -327,6 +327,7 @@ def _quant_text(task: str) -> str:
     return (
         f"{q.n_bits}-bit activations, {q.attention_bits}-bit Q/K/V, {q.weight_bits}-bit weights, "
         f"{q.input_bits}-bit inputs, lookups rounded to <= {q.lut_bits} bits"
+        + (" (the attention's |q − k| and (v − z)⁺ too)" if q.round_attention else "")
     )
 
 
@@ -357,6 +358,12 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=RESULTS)
     ap.add_argument("--stem", default=None)
     ap.add_argument(
+        "--quant",
+        type=json.loads,
+        default={},
+        help="JSON overrides of the recipe's quantization, e.g. '{\"round_attention\": true}'",
+    )
+    ap.add_argument(
         "--child-timeout",
         type=int,
         default=CHILD_TIMEOUT_S,
@@ -369,6 +376,11 @@ def main() -> None:
         print(json.dumps(measure(json.loads(args.child)), default=float), flush=True)
         sys.stdout.flush()
         os._exit(0)
+    if args.quant:  # the report's recipe line shows the overrides with the rest
+        RECIPES[args.task] = {
+            **RECIPES[args.task],
+            "quant": {**RECIPES[args.task].get("quant", {}), **args.quant},
+        }
     kinds = args.kinds.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
