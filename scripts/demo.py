@@ -1,4 +1,4 @@
-"""The README's main job, end to end on a fresh machine (run by `make demo`; ~6 minutes on 2 cores
+"""The README's main job, end to end on a fresh machine (run by `make demo`; minutes on 2 cores
 once installed).
 
 1. train a small Inhibitor transformer on sklearn's digits (4 tokens of 4x4 pixels, BatchNorm), then
@@ -14,9 +14,10 @@ once installed).
    print its CKKS cost report, and compare float, clear polynomial and encrypted predictions on all
    360 test samples at once (SIMD slots; N = 16384 with the labelled client-assisted refresh, which
    keeps the demo to minutes; `fhe compare` without `--refresh` picks N = 32768 and needs none);
-5. the same model as one query: the packed layout (one sample per ciphertext, rotations by SEAL),
-   its rotation steps and Galois keys, and one encrypted sample against the clear polynomial
-   program.
+5. one query: a model of the shallow polynomial recipe (x², the exact quad activation, ε = 1:
+   depth 10), compiled in the packed layout (`--layout auto` for one query: one sample per
+   ciphertext, rotations by SEAL, N = 16384), its rotation steps and Galois keys, and one encrypted
+   sample against the clear polynomial program (~5 s).
 """
 
 from __future__ import annotations
@@ -30,115 +31,55 @@ RUNS = Path("runs")
 N_ENCRYPTED = int(os.environ.get("FHE_DEMO_SAMPLES", "1"))
 
 
-def fhe(*args: str) -> None:
+def fhe(command: str, *paths: str) -> None:
+    """Run ``fhe <command>`` (its words split on spaces), then the ``paths``."""
+    args = [*command.split(), *paths]
     print(f"\n$ fhe {' '.join(args)}", flush=True)
     subprocess.run([str(Path(sys.executable).with_name("fhe")), *args], check=True)
+
+
+POLY_RECIPE = (
+    "--task digits --attention power-softmax --norm none --power-form length-agnostic "
+    "--d-model 16 --heads 2 --range-loss 0.1 --range-threshold 1.0 --act-range-loss 0.05 "
+    "--act-range-threshold 3"
+)
 
 
 def main() -> None:
     RUNS.mkdir(exist_ok=True)
     model = str(RUNS / "digits-inhibitor.pt")
-    fhe(
-        "train",
-        "--task",
-        "digits",
-        "--patch",
-        "4",
-        "--attention",
-        "inhibitor",
-        "--d-model",
-        "16",
-        "--heads",
-        "1",
-        "--epochs",
-        "60",
-        "--qat-bits",
-        "6",
-        "--qat-epochs",
-        "100",
-        "-o",
-        model,
-    )
-    fhe(
-        "compile",
-        model,
-        "--scheme",
-        "tfhe",
-        "--json",
+    tfhe_json, tfhe_art = (
         str(RUNS / "digits-inhibitor-tfhe.json"),
-        "--out",
         str(RUNS / "digits-inhibitor-tfhe"),
     )
-    fhe("run", str(RUNS / "digits-inhibitor-tfhe"), "--sample", "1")
-    fhe("compare", model, "--scheme", "tfhe", "--mode", "simulate", "--n", "360")
-    fhe("compare", model, "--scheme", "tfhe", "--mode", "execute", "--n", str(N_ENCRYPTED))
+    fhe(
+        "train --task digits --patch 4 --attention inhibitor --d-model 16 --heads 1 --epochs 60 "
+        "--qat-bits 6 --qat-epochs 100 -o",
+        model,
+    )
+    fhe("compile --scheme tfhe", model, "--json", tfhe_json, "--out", tfhe_art)
+    fhe("run --sample 1", tfhe_art)
+    fhe("compare --scheme tfhe --mode simulate --n 360", model)
+    fhe(f"compare --scheme tfhe --mode execute --n {N_ENCRYPTED}", model)
 
     poly = str(RUNS / "digits-power-softmax.pt")
+    fhe(f"train {POLY_RECIPE} --ffn-activation gelu --power-eps 0.05 --epochs 60 -o", poly)
     fhe(
-        "train",
-        "--task",
-        "digits",
-        "--attention",
-        "power-softmax",
-        "--norm",
-        "none",
-        "--ffn-activation",
-        "gelu",
-        "--power-form",
-        "length-agnostic",
-        "--power-eps",
-        "0.05",
-        "--d-model",
-        "16",
-        "--heads",
-        "2",
-        "--epochs",
-        "60",
-        "--range-loss",
-        "0.1",
-        "--range-threshold",
-        "1.0",
-        "--act-range-loss",
-        "0.05",
-        "--act-range-threshold",
-        "3",
-        "-o",
-        poly,
-    )
-    fhe(
-        "compile",
-        poly,
-        "--scheme",
-        "ckks",
-        "--no-run",
-        "--refresh",
-        "--json",
+        "compile --scheme ckks --no-run --refresh --json",
         str(RUNS / "digits-power-softmax-ckks.json"),
+        poly,
+    )
+    fhe("compare --scheme ckks --mode execute --n 360 --refresh --poly-modulus-degree 16384", poly)
+
+    shallow = str(RUNS / "digits-power-softmax-quad.pt")
+    fhe(
+        f"train {POLY_RECIPE} --ffn-activation quad --power-p 2 --power-eps 1.0 --epochs 120 -o",
+        shallow,
     )
     fhe(
-        "compare",
-        poly,
-        "--scheme",
-        "ckks",
-        "--mode",
-        "execute",
-        "--n",
-        "360",
-        "--refresh",
-        "--poly-modulus-degree",
-        "16384",
-    )
-    fhe(
-        "compile",
-        poly,
-        "--scheme",
-        "ckks",
-        "--layout",
-        "packed",
-        "--scale-bits",
-        "38",
-        "--json",
+        "compile --scheme ckks --outer-bits 45 --scale-bits 34 --reciprocal-tol 5e-2 --json",
         str(RUNS / "digits-power-softmax-packed.json"),
+        shallow,
     )
 
 
