@@ -187,12 +187,9 @@ def _cost(model, data, quant) -> dict:
 
 
 def _param_text(cost: dict) -> str:
-    totals: dict[str, int] = {}
-    for stage in cost["stages"]:
-        for p, n in stage["params"].items():
-            totals[p] = totals.get(p, 0) + n
-    return "; ".join(f"{p}: {n}" for p, n in sorted(totals.items(), key=lambda kv: -kv[1]))
-
-
-if __name__ == "__main__":
-    main()
+    """The circuit's parameter sets with their PBS counts (Concrete's statistics), largest first."""
+    sets = sorted(cost["params"], key=lambda p: -p["pbs"])
+    return "; ".join(
+        f"N={p['polynomial_size']} k={p['glwe_dimension']} n={p['lwe_dimension']}: {p['pbs']}"
+        for p in sets
+    )

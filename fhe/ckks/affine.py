@@ -23,6 +23,11 @@ class Affine:
     terms: list[tuple[list[Val], np.ndarray]]
     bias: np.ndarray
 
+    @classmethod
+    def scaled(cls, x, scale: float, offset: float, n: int) -> Affine:
+        """scale·x + offset over n values (an activation's value, see PolyProgram._activation)."""
+        return cls([(x, scale * np.eye(n))], np.full(n, offset))
+
     @property
     def size(self) -> int:
         return len(self.bias)

@@ -243,8 +243,8 @@ class PackedProgram:
         act, scale, offset = self.activation(
             ar, rot, f"{tag}.{cfg.ffn_activation.value}", u, lay, cfg.ffn_activation
         )
-        w2 = per_position(w[f"{key}.fc2.weight"], T)
-        return Affine([(act, scale * w2)], np.tile(w[f"{key}.fc2.bias"], T) + offset * w2.sum(1))
+        w2, b2 = per_position(w[f"{key}.fc2.weight"], T), np.tile(w[f"{key}.fc2.bias"], T)
+        return Affine.scaled(act, scale, offset, w2.shape[1]).apply(w2, b2)
 
     def activation(
         self, ar: Arith, rot: Rotations, name: str, u: Affine, lay: Layout, kind: Activation

@@ -211,8 +211,8 @@ class PolyProgram:
         act, scale, offset = self._activation(
             ar, f"{tag}.{self.config.ffn_activation.value}", u, self.config.ffn_activation
         )
-        w2 = per_position(w[f"{key}.fc2.weight"], T)
-        return Affine([(act, scale * w2)], np.tile(w[f"{key}.fc2.bias"], T) + offset * w2.sum(1))
+        w2, b2 = per_position(w[f"{key}.fc2.weight"], T), np.tile(w[f"{key}.fc2.bias"], T)
+        return Affine.scaled(act, scale, offset, w2.shape[1]).apply(w2, b2)
 
     def approximate(
         self, ar: Arith, name: str, t: list[Val], exact, scale: float = 1.0

@@ -28,7 +28,7 @@ def lower_geglu(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
     u = x.apply(per_position(w[f"{key}.up_value.weight"], T), np.tile(w[f"{key}.up_value.bias"], T))
     g = x.apply(per_position(w[f"{key}.up_gate.weight"], T), np.tile(w[f"{key}.up_gate.bias"], T))
     vals, scale, offset = prog._activation(ar, f"{tag}.gelu", g, Activation.GELU)
-    gate_map = _scaled(vals, scale, offset, len(vals))
+    gate_map = Affine.scaled(vals, scale, offset, len(vals))
     gate = vals
     if prog.config.norm is NormKind.LAYERNORM:
         u = prog._layernorm(ar, f"{tag}.norm_value", u, hidden)
@@ -63,7 +63,7 @@ def lower_packed_geglu(
     u = x.apply(per_position(w[f"{key}.up_value.weight"], T), np.tile(w[f"{key}.up_value.bias"], T))
     g = x.apply(per_position(w[f"{key}.up_gate.weight"], T), np.tile(w[f"{key}.up_gate.bias"], T))
     gate, scale, offset = pk.activation(ar, rot, f"{tag}.gelu", g, lay, Activation.GELU)
-    gate_map = _scaled(gate, scale, offset, lay.size)
+    gate_map = Affine.scaled(gate, scale, offset, lay.size)
     if pk.program.config.norm is NormKind.LAYERNORM:
         u = pk.layernorm(ar, rot, f"{tag}.norm_value", u, hidden)
         normed = pk.layernorm(ar, rot, f"{tag}.norm_gate", gate_map, hidden)
@@ -78,8 +78,3 @@ def lower_packed_geglu(
         [(PVec(prod, lay), per_position(w[f"{key}.down.weight"], T))],
         np.tile(w[f"{key}.down.bias"], T),
     )
-
-
-def _scaled(vals, scale: float, offset: float, n: int) -> Affine:
-    """scale·vals + offset as a lazy map (an activation's value, see PolyProgram._activation)."""
-    return Affine([(vals, scale * np.eye(n))], np.full(n, offset))
