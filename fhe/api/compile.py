@@ -255,6 +255,9 @@ def _compile_ckks(
                 margin=options.margin,
             ),
         )
+    except ValueError as exc:  # options that cannot work (e.g. --outer-bits above 60): usage
+        raise BadOptionError(str(exc)) from exc
+    try:
         try:
             return compile_model(ckpt.model, calib_x, params, meta=meta)
         except DepthError as exc:

@@ -40,6 +40,8 @@ def test_bad_options_and_files_are_told_apart_from_failures(tiny_model, tmp_path
         FheError, match="needs a polynomial of degree > 31"
     ):  # a failure, not a usage error
         api.compile_file(tiny_model, api.CompileOptions(scheme="ckks"))
+    with pytest.raises(BadOptionError, match="outer_bits"):
+        api.compile_file(tiny_model, api.CompileOptions(scheme="ckks", outer_bits=70))
     with pytest.raises(BadOptionError, match=".npy"):
         api.read_input(tmp_path / "x.txt")
     np.save(tmp_path / "x.npy", np.ones((4, 16)))
