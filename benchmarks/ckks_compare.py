@@ -100,7 +100,17 @@ def main() -> None:
     ap.add_argument(
         "--refresh", action="store_true", help="allow the labelled client-assisted refresh"
     )
+    ap.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default="gelu",
+        help="training recipe when no --model (see benchmarks/ckks_packed.py)",
+    )
     ap.add_argument("--poly-modulus-degree", type=int, default=None)
+    ap.add_argument("--scale-bits", type=int, default=40)
+    ap.add_argument(
+        "--outer-bits", type=int, default=60, help="bits of the chain's first and special primes"
+    )
     ap.add_argument("--reciprocal-tol", type=float, default=1e-2)
     ap.add_argument("--activation-tol", type=float, default=2e-2)
     args = ap.parse_args()
@@ -108,6 +118,8 @@ def main() -> None:
     data = load_task(args.task, seq_len=model.config.seq_len)
     params = CkksParams(
         poly_modulus_degree=args.poly_modulus_degree,
+        scale_bits=args.scale_bits,
+        outer_bits=args.outer_bits,
         refresh=args.refresh,
         approx=ApproxConfig(reciprocal_tol=args.reciprocal_tol, activation_tol=args.activation_tol),
     )
@@ -124,7 +136,7 @@ def main() -> None:
         f"Command: `{command_line()}` ({origin})"
         if args.model
         else f"Command: `{command_line()}` ({origin}; the same recipe as a CLI command: "
-        f"`{TRAIN_CLI.format(task=args.task, epochs=args.epochs)}`)",
+        f"`{RECIPES[args.recipe][1].format(task=args.task, epochs=args.epochs)}`)",
         "",
         f"{result['n']} test samples, all in the SIMD slots of one encrypted run "
         f"(N = {rep['poly_modulus_degree']}, depth {rep['depth']} of chain "
@@ -168,7 +180,9 @@ def main() -> None:
             for k, v in rep["approximations"].items()
         ),
     ]
-    suffix = "_refresh" if args.refresh else ""
+    suffix = ("" if args.model or args.recipe == "gelu" else f"_{args.recipe}") + (
+        "_refresh" if args.refresh else ""
+    )
     paths = write_results(f"ckks_compare_{args.task}{suffix}", lines, result)
     print("\n".join(lines))
     print(f"wrote {paths['md']}")

@@ -7,9 +7,8 @@ learning rate, distillation weight, quantization changes) and scores every progr
 split. The candidates were compared on the test split itself (MNIST has no separate validation split
 here), so the chosen row carries a small selection bias; each row is one seed.
 
-    python benchmarks/mnist_qat_schedule.py            # ~13 min float training + ~3-8 min per
-    candidate python benchmarks/mnist_qat_schedule.py --only 9,10,11 --cost --stem
-    mnist_qat_attention_bits
+    python benchmarks/mnist_qat_schedule.py    # ~13 min float training + ~3-8 min per candidate
+    python benchmarks/mnist_qat_schedule.py --only 9,10,11 --cost --stem mnist_qat_attention_bits
 
 ``--cost`` also compiles each candidate's program (no keys, no encrypted run) for its PBS, parameter
 sets, evaluation-key size and estimated latency (``benchmarks/tfhe_model.py``'s measurement).

@@ -8,11 +8,9 @@ measurement runs in a child process (its own peak memory; ``taskset`` for the co
 Variants of the first kind: approximate rounding, a looser global error probability, and Concrete's
 parallelism modes.
 
-    python benchmarks/tfhe_model.py                      # digits, 4x4 patches: Inhibitor vs
-    dot-product python benchmarks/tfhe_model.py --task mnist --kinds inhibitor --seeds 1 --n-exec 1
-    --no-variants \
-        --child-timeout 10800   # ~8 GB of keys, est. 35 min per encrypted sample (~70 measured?),
-        10k simulated
+    python benchmarks/tfhe_model.py    # digits, 4x4 patches: Inhibitor vs dot-product
+    python benchmarks/tfhe_model.py --task mnist --kinds inhibitor --seeds 1 --n-exec 1
+        --no-variants --child-timeout 9000    # ~8 GB of keys, 10k samples simulated
 """
 
 from __future__ import annotations
@@ -38,12 +36,10 @@ from quant.config import DEFAULT_CALIB_SAMPLES  # noqa: E402
 RECIPES = {  # model size, tokenisation, training and quantization (over the TFHE defaults) per task
     "digits": dict(patch=4, d_model=16, n_heads=1, epochs=60, qat_epochs=100, batch_size=64),
     # MNIST needs wider attention than the digits defaults. Trial runs (README, "MNIST"): 3-bit
-    # Q/K/V 26% PTQ;
-    # 6-bit Q/K/V, 7-bit activations, 6-bit lookups: 95.7% after 30 QAT epochs at 2e-3 (float
-    # 97.87%), 96.4-96.7%
-    # after 3-10 epochs at 5e-4-1e-3, 97.0% with 6-bit weights (PTQ 95.4% instead of 80.7%), 8.2 GB
-    # of keys;
-    # 7-bit Q/K/V 97.0%, but 12.9 GB of keys, more than keygen can hold on this machine
+    # Q/K/V 26% PTQ; 6-bit Q/K/V, 7-bit activations, 6-bit lookups: 95.7% after 30 QAT epochs at
+    # 2e-3 (float 97.87%), 96.4-96.7% after 3-10 epochs at 5e-4-1e-3, 97.0% with 6-bit weights
+    # (PTQ 95.4% instead of 80.7%), 8.2 GB of keys; 7-bit Q/K/V 97.0%, but 12.9 GB of keys, more
+    # than keygen can hold on this machine
     "mnist": dict(
         patch=7,
         d_model=16,

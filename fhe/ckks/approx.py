@@ -4,8 +4,9 @@
   eₖ = eₖ₋₁², yₖ = yₖ₋₁(1 + eₖ) gives yₙ = (1 − e₀^(2ⁿ⁺¹))/a: the relative error is e₀^(2ⁿ⁺¹), so
   the interval [lo, hi] of a (from calibration) is scaled to be symmetric around 1 and the iteration
   count is the smallest n with ((hi − lo)/(hi + lo))^(2ⁿ⁺¹) ≤ tolerance.
-- 1/√z (LayerNorm): Newton iterations y ← y(3 − z y²)/2 from a linear first guess on the calibrated
-  interval; the count is the smallest that meets the tolerance on a dense grid of the interval.
+- 1/√z (LayerNorm): Newton-type steps y ← a·y − b·z·y³ from a linear first guess on the calibrated
+  interval, (a, b) per step the minimax choice for the error left by the steps before (Newton's
+  (1.5, 0.5) is one choice); the count is the smallest that meets the tolerance on a dense grid.
 - GELU(x) = x·sigmoid(1.702x) (App. C, Eq. 10): a Chebyshev fit of the sigmoid on the calibrated
   interval, degree the smallest whose error bound meets the tolerance; ReLU by a direct Chebyshev
   fit; quad (0.125x² + 0.25x + 0.5) exactly, by one squaring.
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.polynomial import chebyshev as C
+from scipy.optimize import linprog
 from scipy.special import erf
 
-from fhe.ckks.arith import Arith, ClearArith, Val
+from fhe.ckks.arith import Arith, Val
 from models.config import Activation
 from models.layers import QUAD_COEFFS, quad
 
@@ -139,30 +141,70 @@ def invsqrt_guess(lo: float, hi: float) -> tuple[float, float]:
     return float(c0), float(c1)
 
 
-def newton_invsqrt(ar: Arith, z: Val, guess: tuple[float, float], n_iterations: int) -> Val:
-    """1/√z: y₀ = c₀ + c₁z, then y ← y·(1.5 − 0.5·z·y²) (three levels per iteration)."""
+Steps = list[tuple[float, float]]
+
+
+def newton_invsqrt(ar: Arith, z: Val, guess: tuple[float, float], steps: Steps) -> Val:
+    """1/√z: y₀ = c₀ + c₁z, then yₖ₊₁ = a·yₖ − b·(z·yₖ)·yₖ² per step (a, b).
+
+    With (a, b) = (1.5, 0.5) this is Newton's y(3 − z y²)/2. Written as a·y − (b·z·y)·y², the
+    products y² and (−b z)·y run side by side: two levels per step instead of three.
+    """
     y = ar.lincomb([z], [guess[1]], guess[0])
-    half_z = ar.lincomb([z], [-0.5])
-    for _ in range(n_iterations):
-        t = ar.mul(half_z, ar.square(y))
-        y = ar.mul(y, ar.add_scalar(t, 1.5))
+    for a, b in steps:
+        cube = ar.mul(ar.square(y), ar.mul(ar.lincomb([z], [-b]), y))  # −b·z·y³
+        y = ar.add(ar.lincomb([y], [a]), cube)
     return y
 
 
-def invsqrt_iterations(lo: float, hi: float, tol: float, max_iterations: int) -> int:
+def _minimax_step(r: np.ndarray) -> tuple[float, float]:
+    """(a, b) minimising max |a·r − b·r³ − 1| over the error ratios r = y√z (a small LP)."""
+    ones = np.ones_like(r)
+    rows = np.stack([r, -(r**3), -ones], 1)
+    a_ub = np.vstack([rows, np.stack([-r, r**3, -ones], 1)])
+    res = linprog(
+        [0, 0, 1],
+        A_ub=a_ub,
+        b_ub=np.concatenate([ones, -ones]),
+        bounds=[(None, None)] * 2 + [(0, None)],
+    )
+    if not res.success:  # pragma: no cover - the LP is always feasible (t large)
+        return 1.5, 0.5
+    return float(res.x[0]), float(res.x[1])
+
+
+def invsqrt_plan(
+    lo: float, hi: float, tol: float, max_iterations: int
+) -> tuple[tuple[float, float], Steps]:
+    """The first guess and the fewest steps whose relative error on [lo, hi] is at most ``tol``.
+
+    After yₖ the error ratio r = yₖ√z maps to a·r − b·r³, whatever z is, so each step's (a, b) is
+    the minimax choice for the ratios the previous steps leave on a dense grid of the interval
+    (Newton's fixed (1.5, 0.5) is one candidate; on the wide variance intervals of LayerNorm the
+    minimax steps need about half as many iterations).
+    """
     if not 0 < lo <= hi:
         raise ApproximationError(f"1/sqrt needs a positive interval, got [{lo:.3g}, {hi:.3g}]")
     z = np.geomspace(lo, hi, 2048)
     guess = invsqrt_guess(lo, hi)
-    for n in range(max_iterations + 1):
-        y = newton_invsqrt(ClearArith(), Val(z), guess, n).data
-        if np.max(np.abs(y * np.sqrt(z) - 1)) <= tol:
-            return n
-    raise ApproximationError(
-        f"1/sqrt on [{lo:.3g}, {hi:.3g}] (ratio {hi / lo:.0f}) does not reach relative error "
-        f"{tol:g} in {max_iterations} Newton iterations; shrink the LayerNorm variance range "
-        "(range loss) or relax the tolerance"
-    )
+    r = (guess[0] + guess[1] * z) * np.sqrt(z)
+    steps: Steps = []
+    while np.max(np.abs(r - 1)) > tol:
+        if len(steps) == max_iterations:
+            raise ApproximationError(
+                f"1/sqrt on [{lo:.3g}, {hi:.3g}] (ratio {hi / lo:.0f}) does not reach relative "
+                f"error {tol:g} in {max_iterations} Newton iterations; shrink the LayerNorm "
+                "variance range (range loss) or relax the tolerance"
+            )
+        a, b = _minimax_step(r)
+        steps.append((a, b))
+        r = a * r - b * r**3
+    return guess, steps
+
+
+def op_steps(op: dict) -> Steps:
+    """An invsqrt op's steps (artifacts saved before minimax steps hold Newton's count only)."""
+    return [tuple(s) for s in op["steps"]] if "steps" in op else [(1.5, 0.5)] * op["iterations"]
 
 
 # ------------------------------------------------------------------------------------ activations

@@ -232,7 +232,7 @@ class PackedProgram:
                 self.n_slots,
             )
             normed = ar.mul(
-                d, A.newton_invsqrt(ar, z, tuple(op["guess"]), op["iterations"])
+                d, A.newton_invsqrt(ar, z, tuple(op["guess"]), A.op_steps(op))
             )  # (x − μ)·√V/σ
         return Affine([(PVec(normed, lay), np.eye(T * width) / np.sqrt(V))], np.zeros(T * width))
 

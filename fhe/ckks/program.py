@@ -133,14 +133,15 @@ class PolyProgram:
             }
         if kind == "invsqrt":
             lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
-            n = A.invsqrt_iterations(lo_w / hi_w, 1.0, ap.invsqrt_tol, ap.max_iterations)
+            guess, steps = A.invsqrt_plan(lo_w / hi_w, 1.0, ap.invsqrt_tol, ap.max_iterations)
             return {
                 "kind": kind,
                 "calibrated": [lo, hi],
                 "scale": hi_w,
                 "interval": [lo_w / hi_w, 1.0],
-                "iterations": n,
-                "guess": A.invsqrt_guess(lo_w / hi_w, 1.0),
+                "iterations": len(steps),
+                "guess": guess,
+                "steps": steps,
             }
         lo_w, hi_w = A.widen(lo, hi, ap.margin)
         fitter = {
@@ -174,27 +175,29 @@ class PolyProgram:
         return out.apply(np.diag(gamma), beta)
 
     def _layernorm(self, ar: Arith, tag: str, h: Affine, width: int, eps: float = 1e-5) -> Affine:
-        """(x − μ)/√(σ² + eps) per position; 1/√ by Newton on the calibrated variance interval."""
+        """(x − μ)/√(σ² + eps) per position; 1/√ by Newton-type steps on the calibrated variance
+        interval. The centring is a clear linear map folded into ``h``, scaled by s = 1/√(width·V)
+        so that z = Σ d² + eps/V needs no product of its own: d at one level, z at two."""
         name = f"{tag}.invsqrt"
         calibrating = self._calibrating(name, ar)
         op = self.ops.get(name, {})
         V = op.get("scale", 1.0)  # variance scale: z = (σ² + eps)/V lies in (0, 1]
         T = h.size // width
+        s = 1 / math.sqrt(width * V)
+        centre = np.kron(np.eye(T), s * (np.eye(width) - np.full((width, width), 1 / width)))
         with ar.stage(tag):
-            x = h.materialize(ar)
+            d = h.apply(centre).materialize(ar)  # s·(x − μ)
             normed: list[Val] = []
             for t in range(T):
-                xt = x[t * width : (t + 1) * width]
-                mu = ar.lincomb(xt, [1 / width] * width)
-                d = [ar.add(xc, ar.neg(mu)) for xc in xt]
-                z = ar.lincomb([ar.square(dc) for dc in d], [1 / (width * V)] * width, eps / V)
+                dt = d[t * width : (t + 1) * width]
+                z = ar.add_scalar(ar.sum([ar.square(dc) for dc in dt]), eps / V)
                 self._observe(ar, name, [z])
                 if calibrating:
                     y = Val(1 / np.sqrt(z.data), z.level)
                 else:
-                    y = A.newton_invsqrt(ar, z, tuple(op["guess"]), op["iterations"])
-                normed += [ar.mul(dc, y) for dc in d]  # (x − μ)·√V/σ
-        return Affine([(normed, np.eye(len(normed)) / math.sqrt(V))], np.zeros(len(normed)))
+                    y = A.newton_invsqrt(ar, z, tuple(op["guess"]), A.op_steps(op))
+                normed += [ar.mul(dc, y) for dc in dt]  # s·(x − μ)·√V/σ
+        return Affine([(normed, np.eye(len(normed)) / (s * math.sqrt(V)))], np.zeros(len(normed)))
 
     def _mixer(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
         """The token mixer, by the polynomial lowering registered for the model's kind

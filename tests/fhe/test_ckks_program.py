@@ -49,10 +49,29 @@ def test_goldschmidt_rejects_bad_intervals():
 
 def test_newton_inverse_sqrt_meets_tolerance():
     lo, hi = 0.02, 1.0
-    n = A.invsqrt_iterations(lo, hi, 1e-3, 20)
+    guess, steps = A.invsqrt_plan(lo, hi, 1e-3, 20)
     z = np.random.uniform(lo, hi, 500)
-    y = A.newton_invsqrt(ClearArith(), Val(z), A.invsqrt_guess(lo, hi), n).data
+    y = A.newton_invsqrt(ClearArith(), Val(z), guess, steps).data
     assert np.max(np.abs(y * np.sqrt(z) - 1)) <= 1e-3
+
+
+def test_minimax_steps_beat_newton_and_cost_two_levels_each():
+    """Newton's fixed (1.5, 0.5) from the same guess, computed naively, as the reference."""
+    lo, hi, tol = 0.008, 1.0, 1e-2
+    guess, steps = A.invsqrt_plan(lo, hi, tol, 20)
+    z = np.geomspace(lo, hi, 1000)
+    y, newton = guess[0] + guess[1] * z, 0
+    while np.max(np.abs(y * np.sqrt(z) - 1)) > tol:
+        y, newton = y * (3 - z * y**2) / 2, newton + 1
+    assert len(steps) < newton  # 3 minimax steps against 5 Newton ones on this interval
+    ar = ClearArith()
+    out = A.newton_invsqrt(ar, Val(z), guess, steps)
+    assert np.max(np.abs(out.data * np.sqrt(z) - 1)) <= tol
+    assert out.level == 1 + 2 * len(steps)  # the first guess, then two levels per step
+    newton_steps = A.newton_invsqrt(ClearArith(), Val(z), guess, [(1.5, 0.5)] * newton).data
+    np.testing.assert_allclose(newton_steps, y)  # (1.5, 0.5) is Newton's iteration
+    with pytest.raises(A.ApproximationError, match="Newton iterations"):
+        A.invsqrt_plan(1e-6, 1.0, 1e-3, 2)
 
 
 def test_gelu_fit_follows_eq10_and_is_close_to_erf_gelu():
