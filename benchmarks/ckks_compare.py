@@ -49,10 +49,14 @@ SHALLOW_TRAIN_CLI = TRAIN_CLI.replace(
 # The same with LayerNorm inside the chain (Newton 1/√σ², PowerSoftmax paper App. G's breakdown)
 LAYERNORM_RECIPE = {**SHALLOW_RECIPE, "norm": "layernorm"}
 LAYERNORM_TRAIN_CLI = SHALLOW_TRAIN_CLI.replace("--norm none", "--norm layernorm")
+# The shallow recipe with BatchNorm, folded into the linear layers at compile time: free (depth 10)
+BATCHNORM_RECIPE = {**SHALLOW_RECIPE, "norm": "batchnorm"}
+BATCHNORM_TRAIN_CLI = SHALLOW_TRAIN_CLI.replace("--norm none", "--norm batchnorm")
 RECIPES = {
     "gelu": (RECIPE, TRAIN_CLI),
     "quad": (SHALLOW_RECIPE, SHALLOW_TRAIN_CLI),
     "quad-layernorm": (LAYERNORM_RECIPE, LAYERNORM_TRAIN_CLI),
+    "quad-batchnorm": (BATCHNORM_RECIPE, BATCHNORM_TRAIN_CLI),
 }
 
 
@@ -173,7 +177,8 @@ def main() -> None:
         + "; ".join(
             f"{k}: calibrated [{v['calibrated'][0]:.3g}, {v['calibrated'][1]:.3g}], "
             + (
-                f"{v['iterations']} Goldschmidt iterations"
+                f"{v['iterations']} "
+                + ("Newton-type steps" if v.get("kind") == "invsqrt" else "Goldschmidt iterations")
                 if "iterations" in v
                 else f"degree {v['degree']}"
             )

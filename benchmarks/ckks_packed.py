@@ -47,7 +47,8 @@ def main() -> None:
         choices=sorted(RECIPES),
         default="gelu",
         help="training recipe when no --model: gelu (x⁴, GELU, ε 0.05: depth 20, N = 32768), "
-        "quad (x², quad, ε 1: depth 10, N = 16384) or quad-layernorm (the same with LayerNorm)",
+        "quad (x², quad, ε 1: depth 10, N = 16384), quad-batchnorm (the same with BatchNorm, "
+        "folded: free) or quad-layernorm (with LayerNorm: depth 41, refresh only)",
     )
     ap.add_argument(
         "--n-exec", type=int, default=3, help="test samples run encrypted, one query each"

@@ -11,7 +11,8 @@ once installed).
    predictions on the whole test split and encrypted ones on a few samples (`FHE_DEMO_SAMPLES`,
    default 1);
 4. CKKS: train a PowerSoftmax model with the shallow polynomial recipe (length-agnostic form with
-   x² and ε = 1, the exact quad activation, range losses: depth 10), print its CKKS cost report
+   x² and ε = 1, the exact quad activation, BatchNorm folded into the linear layers, range losses:
+   depth 10), print its CKKS cost report
    for one query (`--layout auto` picks the packed layout: one sample per ciphertext, rotations by
    SEAL, N = 16384, its rotation steps and Galois keys) and run one encrypted sample against the
    clear polynomial program (~5 s);
@@ -39,7 +40,7 @@ def fhe(command: str, *paths: str) -> None:
 
 
 POLY_RECIPE = (
-    "--task digits --attention power-softmax --norm none --power-form length-agnostic "
+    "--task digits --attention power-softmax --norm batchnorm --power-form length-agnostic "
     "--d-model 16 --heads 2 --range-loss 0.1 --range-threshold 1.0 --act-range-loss 0.05 "
     "--act-range-threshold 3"
 )
@@ -62,7 +63,7 @@ def main() -> None:
     fhe("compare --scheme tfhe --mode simulate --n 360", model)
     fhe(f"compare --scheme tfhe --mode execute --n {N_ENCRYPTED}", model)
 
-    poly = str(RUNS / "digits-power-softmax-quad.pt")
+    poly = str(RUNS / "digits-power-softmax-bn.pt")
     fhe(
         f"train {POLY_RECIPE} --ffn-activation quad --power-p 2 --power-eps 1.0 --epochs 120 -o",
         poly,
