@@ -215,7 +215,8 @@ class PackedProgram:
         self, ar: Arith, rot: Rotations, tag: str, h: Affine, width: int, eps: float = 1e-5
     ) -> Affine:
         """(x − μ)/√(σ² + eps) per position, as the batch program: the centring and the variance are
-        position-wise maps (2·stride − 1 diagonals), 1/√ by Newton from the calibrated guess."""
+        position-wise maps (2·stride − 1 diagonals), 1/√ by Newton-type steps from the
+        calibrated guess."""
         op, T = self.program.ops[f"{tag}.invsqrt"], self.T
         V, lay = op["scale"], self.layout(width)  # z = (σ² + eps)/V lies in (0, 1]
         mean = np.kron(np.eye(T), np.ones((width, width)) / width)
