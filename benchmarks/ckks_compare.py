@@ -60,6 +60,11 @@ RECIPES = {
 }
 
 
+def recipe_suffix(args) -> str:
+    """The results-file suffix of a trained recipe (none for --model or the default recipe)."""
+    return "" if args.model or args.recipe == "gelu" else f"_{args.recipe}"
+
+
 def get_model(args):
     if args.model:
         return load_checkpoint(
@@ -185,9 +190,7 @@ def main() -> None:
             for k, v in rep["approximations"].items()
         ),
     ]
-    suffix = ("" if args.model or args.recipe == "gelu" else f"_{args.recipe}") + (
-        "_refresh" if args.refresh else ""
-    )
+    suffix = recipe_suffix(args) + ("_refresh" if args.refresh else "")
     paths = write_results(f"ckks_compare_{args.task}{suffix}", lines, result)
     print("\n".join(lines))
     print(f"wrote {paths['md']}")

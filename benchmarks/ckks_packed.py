@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from benchmarks._results import command_line, write_results  # noqa: E402
-from benchmarks.ckks_compare import RECIPES, get_model  # noqa: E402
+from benchmarks.ckks_compare import RECIPES, get_model, recipe_suffix  # noqa: E402
 from fhe.ckks import ApproxConfig  # noqa: E402
 from fhe.ckks.program import float_inference_form  # noqa: E402
 from fhe.harness import compile_model  # noqa: E402
@@ -219,8 +219,9 @@ def main() -> None:
             f"| {tag} | {c.get('rotation', 0)} | {c.get('ct_ct_mul', 0)} | {c.get('ct_pt_mul', 0)} "
             f"| {c.get('rescale', 0)} | {stages.get(tag, 0.0):.2f} |"
         )
-    suffix = "" if args.model or args.recipe == "gelu" else f"_{args.recipe}"
-    paths = write_results(args.stem or f"ckks_packed_{args.task}{suffix}", lines, result)
+    paths = write_results(
+        args.stem or f"ckks_packed_{args.task}{recipe_suffix(args)}", lines, result
+    )
     print("\n".join(lines))
     print(f"wrote {paths['md']}")
 

@@ -12,10 +12,9 @@ once installed).
    default 1);
 4. CKKS: train a PowerSoftmax model with the shallow polynomial recipe (length-agnostic form with
    x² and ε = 1, the exact quad activation, BatchNorm folded into the linear layers, range losses:
-   depth 10), print its CKKS cost report
-   for one query (`--layout auto` picks the packed layout: one sample per ciphertext, rotations by
-   SEAL, N = 16384, its rotation steps and Galois keys) and run one encrypted sample against the
-   clear polynomial program (~5 s);
+   depth 10), print its CKKS cost report for one query (`--layout auto` picks the packed layout:
+   one sample per ciphertext, rotations by SEAL, N = 16384, its rotation steps and Galois keys)
+   and run one encrypted sample against the clear polynomial program (~5 s);
 5. compare float, clear polynomial and encrypted predictions on all 360 test samples at once (the
    batch layout, which `fhe compare` picks for a dataset: the samples in the SIMD slots, no
    refresh).
