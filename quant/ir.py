@@ -72,6 +72,15 @@ def rounded_bits(lo: int, hi: int, lsbs: int) -> int:
     )
 
 
+def lut_rounding(lo: int, hi: int, lut_bits: int) -> int:
+    """The fewest LSBs to round away so that the values in [lo, hi], rounded, index a table of
+    ``lut_bits`` bits: the input's width minus lut_bits, or one more when rounding up carries."""
+    lsbs = max(0, value_bits(lo, hi) - lut_bits)
+    while lsbs and rounded_bits(lo, hi, lsbs) - lsbs > lut_bits:
+        lsbs += 1
+    return lsbs
+
+
 @dataclass
 class Node:
     name: str

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from quant.config import QuantConfig, RangeMode
-from quant.ir import Graph, round_bit_pattern, value_bits
+from quant.ir import Graph, lut_rounding, round_bit_pattern
 from quant.quantizer import Quantizer, quantize_weight
 
 Scale = float | np.ndarray
@@ -383,13 +383,17 @@ class Lowering:
 
     def _rounding_for(self, point: str, x: QValue) -> int:
         """Fixed ``rounding_bits``, or with ``lut_bits`` the fewest LSBs that bring this lookup's
-        calibrated input down to ``lut_bits`` bits (stored with the quantizers for apply mode)."""
+        calibrated input down to ``lut_bits`` bits once rounded (stored with the quantizers for
+        apply mode). Rounding the largest values up can carry into one more bit (an unsigned 11-bit
+        2040 rounded by 6 bits is 2048): the lookup would then read lut_bits + 1 bits and land on a
+        larger parameter set, so one more LSB is removed instead."""
         if self.config.lut_bits is None:
             return self.config.rounding_bits
         if self.fitting:
             ints = torch.round(x.fake.detach() / _scale_t(x.scale))
-            bits = value_bits(int(ints.min()), int(ints.max()))
-            self.fitted.rounding[point] = max(0, bits - self.config.lut_bits)
+            self.fitted.rounding[point] = lut_rounding(
+                int(ints.min()), int(ints.max()), self.config.lut_bits
+            )
         return self.fitted.rounding[point]
 
     def _rounded(self, x: QValue, r: int) -> Tensor:

@@ -14,7 +14,7 @@ once installed).
    x² and ε = 1, the exact quad activation, BatchNorm folded into the linear layers, range losses:
    depth 10), print its CKKS cost report for one query (`--layout auto` picks the packed layout:
    one sample per ciphertext, rotations by SEAL, N = 16384, its rotation steps and Galois keys)
-   and run one encrypted sample against the clear polynomial program (~5 s);
+   and run one encrypted sample against the clear polynomial program (5-7 s);
 5. compare float, clear polynomial and encrypted predictions on all 360 test samples at once (the
    batch layout, which `fhe compare` picks for a dataset: the samples in the SIMD slots, no
    refresh).

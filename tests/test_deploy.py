@@ -186,7 +186,7 @@ def test_ckks_round_trip_matches_the_clear_program(ckks_art):
         # a context that still holds the secret key is refused: the secret key never leaves the
         # client
         secret = (root / "a" / "client" / "context.secret").read_bytes()
-        resp = httpx.put(served.url + "/keys", content=secret, headers=OCTET)
+        resp = httpx.put(served.url + "/keys", content=secret, headers=OCTET, timeout=120)
         assert resp.status_code == 400 and "secret key" in resp.json()["detail"]
     finally:
         served.stop()
@@ -216,12 +216,14 @@ def test_packed_ckks_round_trip_matches_the_clear_program(packed_art):
                 to_bytes(make_galois_keys(ctx, steps[:-1], cm.backend.plan.poly_modulus_degree)),
             ]
         )
-        resp = httpx.put(served.url + "/keys", content=short, headers=OCTET)
+        # httpx's default timeout is 5 s; reading Galois keys takes longer on a loaded machine
+        resp = httpx.put(served.url + "/keys", content=short, headers=OCTET, timeout=120)
         assert resp.status_code == 400 and "rotation steps" in resp.json()["detail"]
         resp = httpx.post(
             served.url + f"/infer/{client.upload_keys()}",
             content=wire.pack([b"not a ciphertext"]),
             headers=OCTET,
+            timeout=120,
         )
         assert resp.status_code == 400 and "SEAL ciphertexts" in resp.json()["detail"]
     finally:
@@ -258,7 +260,7 @@ def test_bad_requests_get_4xx_with_a_message(tfhe_art, tfhe_server):
     )
     resp = httpx.put(url + "/keys", content=other.public_keys(), headers=OCTET, timeout=60)
     cases["keys for another circuit"] = (resp, 400, "another circuit")
-    resp = httpx.put(url + "/keys", content=b"not keys", headers=OCTET)
+    resp = httpx.put(url + "/keys", content=b"not keys", headers=OCTET, timeout=120)
     cases["garbage keys"] = (resp, 400, "")
     for label, (resp, status, words) in cases.items():
         assert resp.status_code == status, (label, resp.status_code, resp.text)
@@ -298,7 +300,7 @@ def test_uploaded_keys_survive_a_restart(tfhe_art, tmp_path):
         key_id = Client(root / "a" / "client", served.url).upload_keys()
         served.stop()
         served.start()
-        assert httpx.get(f"{served.url}/keys/{key_id}").status_code == 204
+        assert httpx.get(f"{served.url}/keys/{key_id}", timeout=60).status_code == 204
         client = Client(root / "a" / "client", served.url)
         out, _ = client.infer(
             client.encrypt(np.full(4, 7.0))

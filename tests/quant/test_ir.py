@@ -8,6 +8,7 @@ from quant.ir import (
     Graph,
     OverflowPolicy,
     RangeOverflowError,
+    lut_rounding,
     round_bit_pattern,
     signed_bits,
 )
@@ -26,6 +27,25 @@ def test_round_bit_pattern_rounds_to_nearest_multiple_ties_up():
     expected = [4 * np.floor(v / 4 + 0.5) for v in x]
     assert round_bit_pattern(x, 2).tolist() == expected
     assert round_bit_pattern(x, 0).tolist() == x.tolist()
+
+
+@pytest.mark.parametrize(
+    "lo,hi,lut_bits,lsbs",
+    [
+        (0, 1000, 5, 5),  # 10 bits; 1000 rounds to 992 (31 · 32): fits 5 bits
+        (0, 2040, 5, 7),  # 11 bits, but 2040 rounds up to 2048 by 6 bits: one more LSB
+        (0, 2015, 5, 6),  # 2015 rounds down to 1984: 6 LSBs suffice
+        (-512, 511, 5, 6),  # signed 10 bits; 511 rounds up to 512 = 16 · 32, 6 bits signed
+        (-512, 495, 5, 5),  # 495 rounds down to 480 = 15 · 32: 5 bits signed
+        (0, 20, 5, 0),  # already narrow: no rounding
+    ],
+)
+def test_lut_rounding_keeps_the_rounded_input_within_lut_bits(lo, hi, lut_bits, lsbs):
+    assert lut_rounding(lo, hi, lut_bits) == lsbs
+    rounded = round_bit_pattern(np.arange(lo, hi + 1), lsbs) >> lsbs
+    lo_r, hi_r = int(rounded.min()), int(rounded.max())
+    width = max(1, int(np.ceil(np.log2(hi_r + 1)))) if lo_r >= 0 else signed_bits(lo_r, hi_r)
+    assert width <= lut_bits
 
 
 def small_graph():

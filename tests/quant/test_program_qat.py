@@ -73,6 +73,12 @@ def test_program_qat_recovers_accuracy_and_the_program_reproduces_it():
         program_score(export(qat.model, data.x_train[:DEFAULT_CALIB_SAMPLES], QUANT), data)
         == qat.program_score
     )
-    twin = qat.program.fake_forward(data.x_test).argmax(-1)
-    assert (twin == data.y_test.numpy()).mean() == qat.program_score
+    # the twin that training saw computes the program's logits (compared as values: a tie between
+    # two equal logits can break either way in float64)
+    np.testing.assert_allclose(
+        qat.program.fake_forward(data.x_test),
+        qat.program.forward(data.x_test, policy="clip"),
+        rtol=1e-9,
+        atol=1e-9,
+    )
     assert qat.program_score > ptq + 0.05, (ptq, qat.program_score)
