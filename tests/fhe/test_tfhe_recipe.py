@@ -14,7 +14,14 @@ from circuits.attention import CircuitSpec, Variant, build
 from fhe.backends.tfhe import TfheBackend
 from fhe.cli import main
 from fhe.schemes import TfheParams
-from fhe.tfhe_recipe import DEFAULT_QUANT, KeysTooLargeError, preflight, resolve_quant
+from fhe.tfhe_recipe import (
+    DEFAULT_QUANT,
+    SLOW_HOUR_FACTOR,
+    KeysTooLargeError,
+    Preflight,
+    preflight,
+    resolve_quant,
+)
 from quant import QuantConfig
 
 FHE = Path(sys.executable).with_name("fhe")
@@ -54,6 +61,12 @@ def test_preflight_refuses_keys_that_do_not_fit(backend):
         check.check()
     preflight(backend.circuit, memory_bytes=1 << 40).check()
     assert "MiB" in check.describe()
+
+
+def test_preflight_states_the_estimate_and_its_slow_machine_bound():
+    text = Preflight(917 * 2**20, 24.5, 1 << 34).describe()
+    assert "917 MiB" in text and "24.5 s per sample" in text
+    assert f"up to {24.5 * SLOW_HOUR_FACTOR:.0f} s" in text
 
 
 @pytest.fixture(scope="module")
