@@ -121,7 +121,7 @@ def run_peer(python: str, n_exec: int, epochs: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------- the report
-def report(rounds: list[dict], model: str) -> list[str]:
+def report(rounds: list[dict], model: str, options: dict | None = None) -> list[str]:
     import numpy as np
 
     from benchmarks._results import command_line
@@ -132,12 +132,13 @@ def report(rounds: list[dict], model: str) -> list[str]:
         "",
         f"`{command_line()}`",
         "",
-        f"Ours: `{model}` (the Inhibitor transformer, TFHE defaults, seeded keys), measured by "
-        "`benchmarks/tfhe_model.py`. Peer: Concrete ML 1.9 (concrete-python 2.10), a 64-32-10 ReLU "
-        "MLP trained in float, `compile_torch_model(n_bits=6, rounding_threshold_bits=6)` with its "
-        "default error probabilities. Same test split (360 digits). Machine: 2 cores, shared; the "
-        "two are measured alternately, each in its own process, so each round's ratio compares "
-        "like with like.",
+        f"Ours: `{model}` (the Inhibitor transformer, TFHE defaults, seeded keys"
+        + (f"; with {options}" if options else "")
+        + "), measured by `benchmarks/tfhe_model.py`. Peer: Concrete ML 1.9 (concrete-python "
+        "2.10), a 64-32-10 ReLU MLP trained in float, `compile_torch_model(n_bits=6, "
+        "rounding_threshold_bits=6)` with its default error probabilities. Same test split (360 "
+        "digits). Machine: 2 cores, shared; the two are measured alternately, each in its own "
+        "process, so each round's ratio compares like with like.",
         "",
         "## Latency per encrypted sample, round by round",
         "",
@@ -173,6 +174,8 @@ def report(rounds: list[dict], model: str) -> list[str]:
         f"| accuracy: clear integer / simulated | {100 * ours0['clear_accuracy']:.2f}% / "
         f"{100 * ours0['sim_accuracy']:.2f}% | {100 * peer0['clear_accuracy']:.2f}% / "
         f"{100 * peer0['sim_accuracy']:.2f}% (float {100 * peer0['float_accuracy']:.2f}%) |",
+        f"| simulation == clear program, all logits / argmax (ours, test split) | "
+        f"{100 * ours0['sim_exact_match']:.2f}% / {100 * ours0['sim_argmax_agreement']:.2f}% | — |",
         f"| encrypted == clear (ours) / == simulated (peer) | "
         f"{sum(ours0['encrypted_equals_clear'])}/{len(ours0['encrypted_equals_clear'])} | "
         f"{sum(peer0['encrypted_equals_simulated'])}/{len(peer0['encrypted_equals_simulated'])} |",
@@ -195,6 +198,12 @@ def main() -> None:
     ap.add_argument("--n-exec", type=int, default=3, help="encrypted samples per measurement")
     ap.add_argument("--peer-epochs", type=int, default=60)
     ap.add_argument("--stem", default="peer_concrete_ml")
+    ap.add_argument(
+        "--ours-options",
+        default=None,
+        help="JSON overrides of our measurement, e.g. '{\"global_p_error\": 1e-3}' or "
+        "'{\"exact_rounding\": false}' (benchmarks/tfhe_model.py's spec keys)",
+    )
     args = ap.parse_args()
     if args.peer_child:
         spec = json.loads(args.peer_child)
@@ -206,16 +215,18 @@ def main() -> None:
     from benchmarks._results import write_results
     from benchmarks.tfhe_model import run_child
 
+    options = json.loads(args.ours_options) if args.ours_options else {}
     rounds = []
     for i in range(args.rounds):
         peer = run_peer(args.peer_python, args.n_exec, args.peer_epochs)
         print(f"round {i + 1}: peer {peer['latency_median_s']:.1f} s", flush=True)
-        ours = run_child({"model": args.model, "n_exec": args.n_exec, "simulate": i == 0})
+        spec = {"model": args.model, "n_exec": args.n_exec, "simulate": i == 0, **options}
+        ours = run_child(spec)
         print(f"round {i + 1}: ours {ours['latency_median_s']:.1f} s", flush=True)
         rounds.append({"peer": peer, "ours": ours})
-    lines = report(rounds, args.model)
+    lines = report(rounds, args.model, options)
     print("\n".join(lines))
-    write_results(args.stem, lines, {"model": args.model, "rounds": rounds})
+    write_results(args.stem, lines, {"model": args.model, "options": options, "rounds": rounds})
 
 
 if __name__ == "__main__":
