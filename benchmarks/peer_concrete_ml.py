@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -111,13 +110,10 @@ def peer_measure(n_exec: int, epochs: int) -> dict:
 
 
 def run_peer(python: str, n_exec: int, epochs: int) -> dict:
+    from benchmarks.tfhe_model import run_json_command
+
     cmd = [python, __file__, "--peer-child", json.dumps({"n_exec": n_exec, "epochs": epochs})]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
-    if res.returncode:
-        raise RuntimeError(
-            f"the peer measurement failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-        )
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return run_json_command(cmd, PEER_TIMEOUT_S, "the peer measurement")
 
 
 # ------------------------------------------------------------------------------------- the report
@@ -215,7 +211,10 @@ def main() -> None:
     from benchmarks._results import write_results
     from benchmarks.tfhe_model import run_child
 
-    options = json.loads(args.ours_options) if args.ours_options else {}
+    try:
+        options = json.loads(args.ours_options) if args.ours_options else {}
+    except json.JSONDecodeError as exc:
+        ap.error(f"--ours-options is not JSON: {exc}")
     rounds = []
     for i in range(args.rounds):
         peer = run_peer(args.peer_python, args.n_exec, args.peer_epochs)

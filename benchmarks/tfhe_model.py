@@ -209,11 +209,14 @@ def run_child(spec: dict, cores: str | None = None, timeout_s: int = CHILD_TIMEO
     cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
     if cores:
         cmd = ["taskset", "-c", cores, *cmd]
+    return run_json_command(cmd, timeout_s, f"measurement {spec}")
+
+
+def run_json_command(cmd: list[str], timeout_s: int, what: str) -> dict:
+    """Run a measurement process whose last line of output is its JSON result."""
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if res.returncode:
-        raise RuntimeError(
-            f"measurement {spec} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-        )
+        raise RuntimeError(f"{what} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
