@@ -73,6 +73,7 @@ class BuiltCircuit:
 class _InhibitorParams:
     def __init__(self, d: int, alpha: float, signed: bool) -> None:
         self.gamma, self.alpha, self.signed = math.sqrt(d), alpha, signed
+        self.tie_qk = False  # the circuits take Q and K as separate inputs
 
 
 class _DctParams:

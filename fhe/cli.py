@@ -78,6 +78,13 @@ def main() -> None:
     "per token.",
 )
 @click.option(
+    "--tie-qk/--no-tie-qk",
+    default=False,
+    show_default=True,
+    help="Inhibitor: K = Q (one projection; symmetric scores). Under TFHE: no K requantisation and "
+    "|q_i - q_j| for the T(T-1)/2 pairs only, instead of T^2.",
+)
+@click.option(
     "--epochs",
     type=click.IntRange(min=1),
     default=None,
@@ -419,6 +426,13 @@ def fhe_options(fn):
             type=int,
             default=None,
             help="Round each lookup's input down to at most this many bits (default 5; 0: off).",
+        ),
+        click.option(
+            "--attention-lut-bits",
+            type=int,
+            default=None,
+            help="TFHE, Inhibitor kinds: the lookups that produce Q, K and V read at most this "
+            "many bits (default 4; 0: as --lut-bits).",
         ),
         click.option(
             "--range-mode",

@@ -177,15 +177,27 @@ class CompiledModel:
     def save(self, directory, include_secret_key: bool = False) -> dict:
         return save_artifacts(self.backend, directory, include_secret_key)
 
-    def verify(self, x, limit: int = 500) -> SimulationCheck:
+    def verify(self, x, limit: int = 500, repeats: int = 3) -> SimulationCheck:
         """Concrete's simulation of the compiled circuit against the clear integer program on up to
         ``limit`` inputs (cheap: milliseconds per sample). With exact rounding the two must be equal
-        everywhere; a difference means the circuit does not compute the program."""
+        everywhere, except that Concrete's simulation also samples PBS errors at the circuit's
+        error probability (global p_error 1e-5: about one sample in 10^5, so a check over 1437
+        samples meets one about once in 70 compiles). A differing sample is therefore simulated
+        ``repeats`` times more: one that then equals the clear program every time was such a
+        sampled error (``n_transient``); one that differs again means the circuit does not compute
+        the program."""
         x_int = self.program.quantize_input(np.asarray(x)[:limit])
         clear, _ = self.program.run_int(x_int, "clip")
         sim = np.stack([self.backend.simulate(xi) for xi in x_int])
         equal = (sim == clear).all(axis=tuple(range(1, sim.ndim)))
         bad = np.flatnonzero(~equal)
+        transient = [
+            i
+            for i in bad
+            if all(
+                np.array_equal(self.backend.simulate(x_int[i]), clear[i]) for _ in range(repeats)
+            )
+        ]
         return SimulationCheck(
             len(x_int),
             int(equal.sum()),
@@ -193,9 +205,11 @@ class CompiledModel:
             float(np.abs(sim - clear).max()),
             float(
                 (
-                    sim.reshape(len(sim), -1).argmax(-1) == clear.reshape(len(clear), -1).argmax(-1)
+                    self.program.dequantize_output(sim).argmax(-1)
+                    == self.program.dequantize_output(clear).argmax(-1)
                 ).mean()
             ),
+            len(transient),
         )
 
 
@@ -223,15 +237,27 @@ class SimulationCheck:
     first_mismatch: int | None
     max_abs_diff: float
     argmax_agreement: float
+    n_transient: int = 0  # mismatches that did not reproduce: PBS errors the simulation sampled
 
     @property
     def exact(self) -> bool:
         return self.n_equal == self.n
 
+    @property
+    def consistent(self) -> bool:
+        """No mismatch that reproduces: the circuit computes the program."""
+        return self.n_equal + self.n_transient == self.n
+
     def describe(self) -> str:
         head = f"simulation == clear integer program on {self.n_equal}/{self.n} calibration samples"
         if self.exact:
             return head
+        if self.consistent:
+            return (
+                f"{head}; the other {self.n_transient} equalled it when simulated again (a PBS "
+                "error that Concrete's simulation samples at the circuit's error probability, not "
+                "a difference in what the circuit computes)"
+            )
         return (
             f"{head} (first mismatch: sample {self.first_mismatch}, max |difference| "
             f"{self.max_abs_diff:g}, argmax agreement {100 * self.argmax_agreement:.1f}%)"
@@ -277,6 +303,7 @@ def compile_model(
         "input_qmin": program.input_quantizer.qmin,
         "input_qmax": program.input_quantizer.qmax,
         "output_scale": np.asarray(program.output_scale).tolist(),
+        "client_pools": program.client_pools,  # the client sums per-token outputs
         **(meta or {}),
     }
     q = program.input_quantizer

@@ -7,7 +7,15 @@ on a cheaper parameter set (N = 2048 instead of 4096: the digits model from ~32 
 sample); weights and inputs at 4 bits (weights widen the accumulators, and each accumulator bit
 above the lookup width costs one small rounding PBS); every lookup input rounded to at most 5 bits
 (a 6-bit lookup anywhere adds a parameter set with N = 8192: keys over 1.4 GB); percentile ranges.
-Accuracy of each choice over 5 QAT seeds is in the README. A model trained with ``fhe train
+Three choices that remove or cheapen lookups (benchmarks/results/digits_design_sweep.md, 3 seeds
+each): the head runs per token and the client sums the decrypted per-token logits (mean pooling is
+linear; the encrypted output is log2(T) bits narrower, which moved models whose widest value was
+the pooled head from 12 to 11 bits and their N = 4096 lookups from 3 to 2 decomposition levels);
+the last FFN residual goes straight into that head (W_h·h + (W_h W₂)·a: no requantisation lookups
+for it); and the lookups that produce the 3-bit Q/K/V read 4 bits, which puts them with the
+attention's 4-bit lookups on N = 2048 instead of 4096, for one more small rounding PBS each.
+Together 17.4 s estimated per digits sample instead of 23.6 s, 95.8% instead of 95.9%.
+Accuracy of the earlier choices over 5 QAT seeds is in the README. A model trained with ``fhe train
 --qat-bits`` records the configuration it was trained for, and compiling it uses that record unless
 an option overrides it.
 """
@@ -23,7 +31,15 @@ from quant import QuantConfig
 from quant.ir import value_bits
 
 DEFAULT_QUANT = QuantConfig(
-    n_bits=6, weight_bits=4, input_bits=4, attention_bits=3, lut_bits=5, range_mode="percentile"
+    n_bits=6,
+    weight_bits=4,
+    input_bits=4,
+    attention_bits=3,
+    lut_bits=5,
+    range_mode="percentile",
+    client_pooling=True,
+    fold_last_residual=True,
+    attention_lut_bits=4,
 )
 
 # Seconds of encrypted run per unit of Concrete's circuit complexity, measured on this project's
@@ -44,11 +60,13 @@ class KeysTooLargeError(FheError):
 
 def resolve_quant(recorded: dict | None = None, **overrides) -> QuantConfig:
     """The quantization to compile with: what the model file records (else :data:`DEFAULT_QUANT`),
-    with every option the user gave (not None) applied on top; ``lut_bits=0`` turns rounding off."""
+    with every option the user gave (not None) applied on top; ``lut_bits=0`` turns rounding off,
+    ``attention_lut_bits=0`` the Q/K/V lookups' own width."""
     base = QuantConfig.from_dict(recorded) if recorded else DEFAULT_QUANT
     changes = {k: v for k, v in overrides.items() if v is not None}
-    if changes.get("lut_bits") == 0:
-        changes["lut_bits"] = None
+    for name in ("lut_bits", "attention_lut_bits"):
+        if changes.get(name) == 0:
+            changes[name] = None
     return base.replace(**changes)
 
 

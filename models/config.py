@@ -50,6 +50,9 @@ class TransformerConfig:
     (PowerSoftmax p and ε), ``power_form`` (``stable``: train with Eqs. 5-6, infer with Eq. 7;
     ``length-agnostic``: Eq. 7 with ε in training and inference, the polynomial model's form),
     ``dct_n_bar`` (kept DCT coefficients), ``dct_ideal`` (Algorithm 2, evaluation only).
+    ``tie_qk`` (Inhibitor kinds): K = Q, one projection, so the Manhattan scores of Eq. (5) are
+    symmetric with a zero diagonal; under TFHE the program then needs |q_i − q_j| for the
+    T(T − 1)/2 pairs i < j only and no K requantisation.
     """
 
     seq_len: int
@@ -71,6 +74,7 @@ class TransformerConfig:
     dct_n_bar: int | None = None
     dct_ideal: bool = False
     dropout: float = 0.0
+    tie_qk: bool = False
 
     def __post_init__(self) -> None:
         for name, enum in (
@@ -92,6 +96,13 @@ class TransformerConfig:
         if self.power_form not in ("stable", "length-agnostic"):
             raise ValueError(
                 f"power_form must be 'stable' or 'length-agnostic', got {self.power_form!r}"
+            )
+        if self.tie_qk and self.attention not in (
+            AttentionKind.INHIBITOR,
+            AttentionKind.SIGNED_INHIBITOR,
+        ):
+            raise ValueError(
+                f"tie_qk (K = Q) is an Inhibitor option, not of {self.attention.value} attention"
             )
         if self.dct_n_bar is not None and not 0 < self.dct_n_bar <= self.seq_len:
             raise ValueError(

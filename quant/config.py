@@ -47,6 +47,14 @@ class QuantConfig:
     (v − z)⁺, whose inputs are one bit wider than Q/K/V) are rounded to ``lut_bits`` like every
     other lookup, dropping that bit instead of paying for a wider PBS. ``bits_overrides``:
     per-requantisation-point n_bits, keyed by point name prefix (e.g. ``{"block0.attn": 8}``).
+    ``client_pooling``: the program outputs the head per token and the client sums them (mean
+    pooling and the head are linear): a narrower encrypted output, on cheaper parameters.
+    ``fold_last_residual`` (with ``client_pooling``): the last block's FFN residual goes straight
+    into the head, W_h·h + (W_h W₂)·a, without its requantisation lookups.
+    ``attention_lut_bits`` (with ``lut_bits``; Inhibitor kinds, whose Q/K/V feed lookups directly):
+    the lookups that produce Q, K and V read at most this many bits instead (their output has only
+    ``attention_bits``; Concrete puts lookups of one width on one parameter set, so reading 4 bits
+    joins the attention's own 4-bit lookups on a smaller one, for one more small rounding PBS each).
     """
 
     n_bits: int = 6
@@ -61,6 +69,9 @@ class QuantConfig:
     bits_overrides: tuple[tuple[str, int], ...] = ()
     attention_bits: int | None = None
     round_attention: bool = False
+    client_pooling: bool = False
+    fold_last_residual: bool = False
+    attention_lut_bits: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "weight_granularity", Granularity(self.weight_granularity))
@@ -75,10 +86,14 @@ class QuantConfig:
             v = getattr(self, name)
             if v is not None and not 2 <= v <= 16:
                 raise ValueError(f"QuantConfig.{name} must be in [2, 16], got {v}")
-        if self.lut_bits is not None and not 2 <= self.lut_bits <= 16:
-            raise ValueError(f"lut_bits must be in [2, 16], got {self.lut_bits}")
+        for name in ("lut_bits", "attention_lut_bits"):
+            v = getattr(self, name)
+            if v is not None and not 2 <= v <= 16:
+                raise ValueError(f"{name} must be in [2, 16], got {v}")
         if self.rounding_bits < 0:
             raise ValueError(f"rounding_bits must be >= 0, got {self.rounding_bits}")
+        if self.fold_last_residual and not self.client_pooling:
+            raise ValueError("fold_last_residual needs client_pooling (per-token logits)")
         if not 50.0 < self.percentile <= 100.0:
             raise ValueError(f"percentile must be in (50, 100], got {self.percentile}")
 

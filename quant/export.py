@@ -23,7 +23,7 @@ from quant.config import QuantConfig
 from quant.ir import Graph, OverflowPolicy
 from quant.lowering import Fitted, Lowering, QValue, Range
 from quant.mixers import NoLoweringError, mixer_lowering
-from quant.quantizer import Quantizer
+from quant.quantizer import Quantizer, decode_output
 
 
 class ExportError(ValueError):
@@ -41,6 +41,9 @@ class QuantizedProgram:
     config: QuantConfig
     model: Transformer
     calibration: dict[str, Range] = field(default_factory=dict)
+    # the program outputs per-token logits (T, n_out) and the client sums them (mean pooling and
+    # the head are linear, so the pooled logits are that sum): see :func:`lower_transformer`
+    client_pools: bool = False
 
     # --------------------------------------------------------------------------------- client side
     def quantize_input(self, x: Tensor | np.ndarray) -> np.ndarray:
@@ -52,7 +55,7 @@ class QuantizedProgram:
         return self.input_quantizer.clipped_count(np.asarray(x, dtype=np.float64))
 
     def dequantize_output(self, y: np.ndarray) -> np.ndarray:
-        return np.asarray(y, dtype=np.float64) * self.output_scale
+        return decode_output(y, self.output_scale, self.client_pools)
 
     # ---------------------------------------------------------------------------------- evaluation
     def run_int(self, x_int: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR):
@@ -91,7 +94,7 @@ def export(
     low = Lowering(config)
     with torch.no_grad():
         out = lower_transformer(low, model, torch.as_tensor(calib_x))
-    low.graph.set_output(out.node)
+    low.graph.set_output(out.node)  # per-token logits when config.client_pooling
     calib_int = low.quantizers["input"].quantize_np(np.asarray(calib_x, dtype=np.float64))
     low.graph.calibrate(calib_int)
     return QuantizedProgram(
@@ -102,6 +105,7 @@ def export(
         config,
         model,
         calibration=low.ranges,
+        client_pools=config.client_pooling,
     )
 
 
@@ -131,8 +135,15 @@ def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
     h = low.linear(inp, model.embed.weight, model.embed.bias, "embed", "embed")
     h = low.add_const(h, model.pos[:T], "embed.pos", "embed")
     h = low.requant(h, "embed.out", "embed", signed=True)
-    for b, block in enumerate(model.blocks):
-        h = lower_block(low, block, h, f"block{b}", cfg)
+    blocks = list(model.blocks)
+    fold = low.config.client_pooling and low.config.fold_last_residual and blocks[-1].has_ffn
+    for b, block in enumerate(blocks):
+        last = fold and b == len(blocks) - 1
+        h = lower_block(low, block, h, f"block{b}", cfg, head=model.head if last else None)
+    if fold:  # h is already the per-token logits
+        return _pooled_by_client(h, T)
+    if low.config.client_pooling:
+        return client_pooled_head(low, model, h)
     pooled = low.sum(h, -2, "pool", "head")  # mean pooling: the 1/T goes into the output scale
     out = low.linear(pooled, model.head.weight, model.head.bias, "head", "head", bias_multiplier=T)
     out.scale = out.scale / T
@@ -140,7 +151,32 @@ def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
     return out
 
 
-def lower_block(low: Lowering, block: Block, h: QValue, name: str, cfg) -> QValue:
+def client_pooled_head(low: Lowering, model: Transformer, h: QValue) -> QValue:
+    """The head per token, W h_t + b, with mean pooling left to the client: logits =
+    (1/T) Σ_t (W h_t + b), a sum of the T decrypted outputs (:func:`decode_output`).
+
+    The encrypted output then holds T·n_out values about log2(T) bits narrower than the pooled
+    sum; Concrete sizes the parameters of the lookups that feed it from that width and from the
+    weights' norm over fewer terms (d_model instead of T·d_model). The returned value's ``fake``
+    is the pooled logits (what training and the twin compare), its node the per-token program
+    output."""
+    out = low.linear(h, model.head.weight, model.head.bias, "head", "head")
+    return _pooled_by_client(out, h.shape[0])
+
+
+def _pooled_by_client(out: QValue, T: int) -> QValue:
+    """Per-token logits (T, n_out) whose mean over tokens the client takes: the scale carries the
+    1/T, the fake value is the pooled logits."""
+    out.scale = out.scale / T
+    out.fake = out.fake.sum(dim=-2) / T
+    return out
+
+
+def lower_block(
+    low: Lowering, block: Block, h: QValue, name: str, cfg, head: torch.nn.Linear | None = None
+) -> QValue:
+    """One block; with ``head``, the block's second residual folded into the head (per-token
+    logits, :func:`residual_into_head`)."""
     mixed, proj = lower_mixer(low, block.mixer, h, f"{name}.mix", cfg)
     h = residual(low, h, mixed, proj, f"{name}.res1", f"{name}.mix.proj")
     if block.has_ffn:
@@ -148,8 +184,38 @@ def lower_block(low: Lowering, block: Block, h: QValue, name: str, cfg) -> QValu
         a = low.linear(h, ffn.fc1.weight, ffn.fc1.bias, f"{name}.ffn.fc1", f"{name}.ffn")
         act = activation_fn(cfg.ffn_activation)
         a = low.lut(a, act, f"{name}.ffn.act", f"{name}.ffn")  # Eq. (4): (XW₁ᵀ + b₁)⁺
+        if head is not None:
+            return residual_into_head(low, h, a, ffn.fc2, head, "head")
         h = residual(low, h, a, ffn.fc2, f"{name}.res2", f"{name}.ffn")
     return h
+
+
+def residual_into_head(
+    low: Lowering, h: QValue, a: QValue, fc2: torch.nn.Linear, head: torch.nn.Linear, tag: str
+) -> QValue:
+    """The last block's h + fc2(a) and the head, per token, with no requantisation between them:
+    W_h (h + W₂a + b₂) + b_h = W_h·h + (W_h W₂)·a + (W_h b₂ + b_h), two linear layers with clear
+    weights on one output grid (:func:`sum_of_linears`), summed: no lookups for the second
+    residual (the output is decrypted and pooled by the client)."""
+    skip = (h, head.weight, None)
+    branch = (a, head.weight @ fc2.weight, head.weight @ fc2.bias + head.bias)
+    return sum_of_linears(low, skip, branch, "head", tag)
+
+
+def sum_of_linears(low: Lowering, first: tuple, second: tuple, name: str, tag: str) -> QValue:
+    """x₁W₁ᵀ + b₁ + x₂W₂ᵀ + b₂ (each term ``(x, W, b or None)``) on one output grid: the coarser of
+    the two grids on which a term's weights span the weight bits, so both terms' clear weights stay
+    within them (the finer term loses some precision; a finer grid widened the output and, on
+    digits, the parameters of the lookups that feed it). One integer addition, no lookup."""
+    qmax_w = 2 ** (low.config.w_bits - 1) - 1
+
+    def grid(x: QValue, w: torch.Tensor) -> float:  # the output scale at which max|w| is qmax_w
+        return float(w.detach().abs().max()) * x.scale / qmax_w
+
+    scale = max(grid(first[0], first[1]), grid(second[0], second[1])) or 1.0
+    one = low.linear(*first, f"{name}.skip", tag, out_scale=scale)
+    two = low.linear(*second, f"{name}.branch", tag, out_scale=scale)
+    return low.add(one, two, name, tag)
 
 
 def residual(

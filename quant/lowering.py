@@ -207,13 +207,23 @@ class Lowering:
         self.record(name, fake)
         return self._out(node, scale if per_channel else float(scale), fake)
 
-    def matmul_left(self, matrix: np.ndarray, x: QValue, name: str, tag: str) -> QValue:
+    def matmul_left(
+        self, matrix: np.ndarray, x: QValue, name: str, tag: str, integer: bool = False
+    ) -> QValue:
         """M @ x along the sequence axis (axis -2) with a clear matrix M quantized to
-        weight_bits."""
+        weight_bits; ``integer``: M is already an integer matrix (a selection, e.g. pair
+        differences), used as it is, so x's scale is kept."""
         if isinstance(x.scale, np.ndarray):
             raise ValueError(f"{name}: needs a per-tensor input scale")
-        m_int, s_m = quantize_weight(matrix.reshape(-1, 1), self.config.w_bits, per_channel=False)
-        m_int = m_int.reshape(matrix.shape)
+        if integer:
+            m_int, s_m = np.asarray(matrix, dtype=np.int64), 1.0
+            if not np.array_equal(m_int, matrix):
+                raise ValueError(f"{name}: integer=True needs an integer matrix")
+        else:
+            m_int, s_m = quantize_weight(
+                matrix.reshape(-1, 1), self.config.w_bits, per_channel=False
+            )
+            m_int = m_int.reshape(matrix.shape)
         node = self.graph.add(name, "matmul_left", (x.node,), tag=tag, weight=m_int)
         fake = torch.from_numpy(m_int * float(s_m)) @ x.fake
         self.record(name, fake)
@@ -291,11 +301,12 @@ class Lowering:
         bits: int | None = None,
         signed: bool | None = None,
         quantizer: Quantizer | None = None,
+        lut_bits: int | None = None,
     ) -> QValue:
         """y = quantize(fn(x)): one table lookup that fuses dequantisation, the float function and
         requantisation. ``quantizer`` forces the output quantizer; otherwise it is fitted at
-        ``point``."""
-        r = self._rounding_for(point, x)
+        ``point``. ``lut_bits`` replaces the configuration's rounding target for this lookup."""
+        r = self._rounding_for(point, x, lut_bits)
         x_in = self._rounded(x, r)
         y = fn(x_in)
         self.record(point + ".in", x.fake)
@@ -355,8 +366,9 @@ class Lowering:
         bits: int | None = None,
         signed: bool | None = None,
         quantizer: Quantizer | None = None,
+        lut_bits: int | None = None,
     ) -> QValue:
-        return self.lut(x, lambda t: t, point, tag, bits, signed, quantizer)
+        return self.lut(x, lambda t: t, point, tag, bits, signed, quantizer, lut_bits)
 
     def mul(self, a: QValue, b: QValue, name: str, tag: str) -> QValue:
         """Elementwise product of two encrypted values (numpy broadcasting)."""
@@ -381,7 +393,7 @@ class Lowering:
         self.record(name, fake)
         return self._out(node, a.scale * b.scale, fake)
 
-    def _rounding_for(self, point: str, x: QValue) -> int:
+    def _rounding_for(self, point: str, x: QValue, lut_bits: int | None = None) -> int:
         """Fixed ``rounding_bits``, or with ``lut_bits`` the fewest LSBs that bring this lookup's
         calibrated input down to ``lut_bits`` bits once rounded (stored with the quantizers for
         apply mode). Rounding the largest values up can carry into one more bit (an unsigned 11-bit
@@ -391,9 +403,8 @@ class Lowering:
             return self.config.rounding_bits
         if self.fitting:
             ints = torch.round(x.fake.detach() / _scale_t(x.scale))
-            self.fitted.rounding[point] = lut_rounding(
-                int(ints.min()), int(ints.max()), self.config.lut_bits
-            )
+            target = lut_bits or self.config.lut_bits
+            self.fitted.rounding[point] = lut_rounding(int(ints.min()), int(ints.max()), target)
         return self.fitted.rounding[point]
 
     def _rounded(self, x: QValue, r: int) -> Tensor:

@@ -67,7 +67,16 @@ def prepare_qat(model: Transformer, bits: int) -> Transformer:
                     "v_proj",
                 )
                 setattr(module, name, QATLinear(child, bits, quantize_output=qkv))
+    _retie(model)
     return model
+
+
+def _retie(model: Transformer) -> None:
+    """A tied K = Q projection is one module under two names; replacing modules by name (which
+    visits it once) must keep the two names on one module."""
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.retie()
 
 
 def strip_qat(model: Transformer) -> Transformer:
@@ -85,4 +94,5 @@ def strip_qat(model: Transformer) -> Transformer:
                 if child.linear.bias is not None:
                     lin.bias.data.copy_(child.linear.bias.data)
                 setattr(module, name, lin)
+    _retie(model)
     return model

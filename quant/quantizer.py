@@ -64,3 +64,10 @@ def quantize_weight(w: np.ndarray, n_bits: int, per_channel: bool) -> tuple[np.n
     return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int64), np.asarray(
         scale, dtype=np.float64
     )
+
+
+def decode_output(y: np.ndarray, scale, client_pools: bool) -> np.ndarray:
+    """The client's decoding of the program's integer output: times its scale, then (for a program
+    that outputs per-token logits, ``client_pools``) summed over the token axis."""
+    out = np.asarray(y, dtype=np.float64) * np.asarray(scale, dtype=np.float64)
+    return out.sum(axis=-2) if client_pools else out

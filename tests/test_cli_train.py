@@ -93,6 +93,8 @@ def test_train_reports_bad_options_clearly(tmp_path):
     assert res.exit_code == 2 and "divisible" in res.output
     res = CliRunner().invoke(main, ["train", "--attention", "fourier"])
     assert res.exit_code == 2
+    res = CliRunner().invoke(main, ["train", "--attention", "dot-product", "--tie-qk"])
+    assert res.exit_code == 2 and "Inhibitor option" in res.output
 
 
 def test_init_keeps_the_base_architecture_and_refuses_another_attention(tmp_path):

@@ -340,11 +340,11 @@ def test_ray_workers_give_the_single_process_results(tfhe_art, ckks_art):
 
     root, graph = tfhe_art
     client = Client(root / "a" / "client")
-    xs = np.random.default_rng(4).integers(0, 16, size=(4, 4)).astype(np.float64)
+    xs = np.random.default_rng(4).integers(0, 16, size=(2, 4)).astype(np.float64)
     payloads = [client.encrypt(x) for x in xs]
     ckks_root, cm = ckks_art
     ckks_client = Client(ckks_root / "a" / "client")
-    blocks = [torch.randn(6, 4, 3, dtype=torch.float64).numpy() for _ in range(3)]
+    blocks = [torch.randn(6, 4, 3, dtype=torch.float64).numpy() for _ in range(2)]
     try:
         for art, c, items in (
             (root / "a", client, payloads),

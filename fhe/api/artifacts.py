@@ -66,7 +66,7 @@ def run_artifact(
     """``fhe run``: test sample ``sample`` through ``artifact_dir``'s client and server, in this
     process (a CKKS program planned with client-assisted refreshes gets them from the client
     here)."""
-    from fhe.deploy.client import Client, quantize_input
+    from fhe.deploy.client import Client, dequantize_output, quantize_input
 
     artifact_dir = Path(artifact_dir)
     try:
@@ -79,8 +79,8 @@ def run_artifact(
     local = client.local
     start = time.perf_counter()
     if client.scheme == "tfhe":
-        logits = local.decrypt(server.run(local.encrypt(quantize_input(meta, x)))) * np.asarray(
-            meta["output_scale"]
+        logits = dequantize_output(
+            meta, local.decrypt(server.run(local.encrypt(quantize_input(meta, x))))
         )
     else:
         logits = local.decrypt(server.run(local.encrypt(x[None]), local.refresh(server.context)))[0]

@@ -39,6 +39,7 @@ TFHE_QUANT_OPTIONS = (
     "attention_bits",
     "rounding_bits",
     "lut_bits",
+    "attention_lut_bits",
     "range_mode",
 )
 
@@ -58,6 +59,7 @@ class CompileOptions:
     attention_bits: int | None = None
     rounding_bits: int | None = None
     lut_bits: int | None = None
+    attention_lut_bits: int | None = None
     range_mode: str | None = None
     rounding: str = "exact"  # or "approximate"
     ranges: str = "calibrated"  # or "proven"
@@ -209,7 +211,11 @@ def _compile_tfhe(
     on_message(
         f"quantization: {quant.n_bits}-bit activations, {quant.w_bits}-bit weights, "
         f"{quant.in_bits}-bit inputs, attention {quant.bits_for('block0.mix.qk')} bits, lookups <= "
-        f"{quant.lut_bits or 'unrounded'} bits, {quant.range_mode.value} ranges"
+        f"{quant.lut_bits or 'unrounded'} bits"
+        + (f" (Q/K/V lookups <= {quant.attention_lut_bits})" if quant.attention_lut_bits else "")
+        + f", {quant.range_mode.value} ranges"
+        + (", the client pools the per-token head" if quant.client_pooling else "")
+        + (", last residual folded into the head" if quant.fold_last_residual else "")
     )
     try:
         return compile_model(
@@ -282,13 +288,14 @@ def check_circuit(c: Compilation, on_message: Echo = _silent) -> None:
 
     check = c.compiled.verify(c.calib_x, limit=len(c.calib_x))
     on_message(check.describe())
-    if check.exact or not c.compiled.backend.params.exact_rounding:
+    if check.consistent or not c.compiled.backend.params.exact_rounding:
         return
     on_message("locating the first diverging node (compiling prefixes of the program) ...")
     where = locate_divergence(c.compiled, c.calib_x, check)
     raise CircuitMismatchError(
         "the compiled circuit does not compute the integer program (Concrete's simulation differs "
-        f"on {check.n - check.n_equal} calibration samples; "
+        f"on {check.n - check.n_equal - check.n_transient} calibration samples, each time it is "
+        "run; "
         f"{where.describe() if where else 'no prefix of the program reproduces it'}); refusing to "
         "produce keys or artifacts. Please report it with the model file; another --lut-bits may "
         "avoid it."

@@ -21,6 +21,7 @@ class TrainRequest:
     d_model: int | None = None
     heads: int | None = None
     d_ff: int | None = None
+    tie_qk: bool = False  # Inhibitor: K = Q
     epochs: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -166,6 +167,7 @@ def _training_setup(req: TrainRequest):
             d_model=req.d_model or preset.d_model,
             n_heads=req.heads or preset.n_heads,
             d_ff=req.d_ff,
+            tie_qk=req.tie_qk,
             n_layers=req.layers or preset.n_layers,
             norm=req.norm,
             ffn_activation=req.ffn_activation,

@@ -21,7 +21,7 @@ import numpy as np
 
 from fhe import wire
 from fhe.errors import FheError
-from quant.quantizer import Quantizer
+from quant.quantizer import Quantizer, decode_output
 
 
 class ServiceError(FheError):
@@ -41,6 +41,11 @@ def quantize_input(meta: dict, x: np.ndarray) -> np.ndarray:
     qmin, qmax = meta["input_qmin"], meta["input_qmax"]
     n_bits = (qmax - qmin + 1).bit_length() - 1
     return Quantizer(meta["input_scale"], meta["input_zero_point"], n_bits, qmin < 0).quantize_np(x)
+
+
+def dequantize_output(meta: dict, y: np.ndarray) -> np.ndarray:
+    """The TFHE client's decoding of a decrypted output, from the artifact's metadata."""
+    return decode_output(y, meta["output_scale"], meta.get("client_pools", False))
 
 
 class Client:
@@ -99,7 +104,7 @@ class Client:
     def decrypt(self, payload: bytes) -> np.ndarray:
         items = wire.unpack(payload)
         if self.scheme == "tfhe":
-            return self.local.decrypt(items[0]) * np.asarray(self.meta["output_scale"])
+            return dequantize_output(self.meta, self.local.decrypt(items[0]))
         return self.local.decrypt(self.local.from_wire(items))
 
     def infer(self, payload: bytes) -> tuple[bytes, float]:

@@ -15,13 +15,22 @@ class MultiHeadAttention(nn.Module):
         self.n_heads = config.n_heads
         self.d_head = config.d_head
         self.q_proj = nn.Linear(config.d_model, config.d_model)
-        self.k_proj = nn.Linear(config.d_model, config.d_model)
+        self.tie_qk = config.tie_qk
+        # tied: one module under both names (checkpoints and the CKKS lowering read k_proj.*)
+        self.k_proj = self.q_proj if self.tie_qk else nn.Linear(config.d_model, config.d_model)
         self.v_proj = nn.Linear(config.d_model, config.d_model)
         self.out_proj = nn.Linear(config.d_model, config.d_model)
 
     def input_linears(self) -> list[nn.Linear]:
         """The linear layers that read the mixer's input (a preceding norm folds into them)."""
+        if self.tie_qk:
+            return [self.q_proj, self.v_proj]
         return [self.q_proj, self.k_proj, self.v_proj]
+
+    def retie(self) -> None:
+        """Point k_proj at q_proj again (after a pass that replaced modules by name)."""
+        if self.tie_qk:
+            self.k_proj = self.q_proj
 
     def split(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
@@ -29,7 +38,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, C = x.shape  # batch, sequence length, d_model
-        q, k, v = self.split(self.q_proj(x)), self.split(self.k_proj(x)), self.split(self.v_proj(x))
+        q, v = self.split(self.q_proj(x)), self.split(self.v_proj(x))
+        k = q if self.tie_qk else self.split(self.k_proj(x))
         h = self.attend(q, k, v)  # (B, nh, T, dh)
         return self.out_proj(h.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
 

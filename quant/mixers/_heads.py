@@ -19,9 +19,13 @@ class Heads:
     v_quantizer: Quantizer  # V's grid (the Inhibitor requantises its scores onto it)
 
 
-def project_qkv(low: Lowering, mixer, h: QValue, name: str, cfg, shared_qk: bool = False) -> Heads:
+def project_qkv(
+    low: Lowering, mixer, h: QValue, name: str, cfg, shared_qk: bool = False, into_lookups=False
+) -> Heads:
     """Q, K, V = h W_{q,k,v}ᵀ + b, requantised and split into heads. ``shared_qk``: Q and K on one
-    quantizer (a kind that subtracts them, e.g. the Inhibitor's Eq. 5)."""
+    quantizer (a kind that subtracts them, e.g. the Inhibitor's Eq. 5). A tied mixer (K = Q) has one
+    projection: ``k`` is ``q``. ``into_lookups``: Q, K and V feed table lookups directly (the
+    Inhibitor's |q − k| and (v − z)⁺), so their requantisations read ``attention_lut_bits``."""
     nh, dh = cfg.n_heads, cfg.d_head
     T = h.shape[0]
 
@@ -30,18 +34,26 @@ def project_qkv(low: Lowering, mixer, h: QValue, name: str, cfg, shared_qk: bool
         return low.transpose(x, (1, 0, 2), f"{name}.{label}.heads")
 
     tag = f"{name}.qkv"
+    narrow = low.config.attention_lut_bits if into_lookups else None
     q_acc = low.linear(h, mixer.q_proj.weight, mixer.q_proj.bias, f"{name}.q", tag)
-    k_acc = low.linear(h, mixer.k_proj.weight, mixer.k_proj.bias, f"{name}.k", tag)
     v_acc = low.linear(h, mixer.v_proj.weight, mixer.v_proj.bias, f"{name}.v", tag)
-    if shared_qk:
+    if mixer.tie_qk:  # K = Q: one projection, one requantisation (on the shared Q/K grid)
+        q_qk = low.fit(f"{name}.qk", q_acc.fake, signed=True)
+        q = low.requant(q_acc, f"{name}.q.out", tag, quantizer=q_qk, lut_bits=narrow)
+        k = q
+    elif shared_qk:
+        k_acc = low.linear(h, mixer.k_proj.weight, mixer.k_proj.bias, f"{name}.k", tag)
         q_qk = low.fit(f"{name}.qk", torch.cat([q_acc.fake, k_acc.fake]), signed=True)
-        q = low.requant(q_acc, f"{name}.q.out", tag, quantizer=q_qk)
-        k = low.requant(k_acc, f"{name}.k.out", tag, quantizer=q_qk)
+        q = low.requant(q_acc, f"{name}.q.out", tag, quantizer=q_qk, lut_bits=narrow)
+        k = low.requant(k_acc, f"{name}.k.out", tag, quantizer=q_qk, lut_bits=narrow)
     else:
-        q = low.requant(q_acc, f"{name}.q.out", tag, signed=True)
-        k = low.requant(k_acc, f"{name}.k.out", tag, signed=True)
-    v = low.requant(v_acc, f"{name}.v.out", tag, signed=True)
-    return Heads(heads(q, "q"), heads(k, "k"), heads(v, "v"), low.quantizers[f"{name}.v.out"])
+        k_acc = low.linear(h, mixer.k_proj.weight, mixer.k_proj.bias, f"{name}.k", tag)
+        q = low.requant(q_acc, f"{name}.q.out", tag, signed=True, lut_bits=narrow)
+        k = low.requant(k_acc, f"{name}.k.out", tag, signed=True, lut_bits=narrow)
+    v = low.requant(v_acc, f"{name}.v.out", tag, signed=True, lut_bits=narrow)
+    q_heads = heads(q, "q")
+    k_heads = q_heads if k is q else heads(k, "k")
+    return Heads(q_heads, k_heads, heads(v, "v"), low.quantizers[f"{name}.v.out"])
 
 
 def merge_heads(low: Lowering, out: QValue, name: str) -> QValue:

@@ -3,6 +3,9 @@ ReLU lookups only: no ciphertext × ciphertext product."""
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 
 from models.config import AttentionKind
@@ -15,7 +18,7 @@ from quant.quantizer import Quantizer
 @register_mixer(AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR)
 def lower(low: Lowering, mixer, h: QValue, name: str, cfg) -> tuple[QValue, torch.nn.Linear]:
     heads = project_qkv(
-        low, mixer, h, name, cfg, shared_qk=True
+        low, mixer, h, name, cfg, shared_qk=True, into_lookups=True
     )  # Q and K share one grid: Eq. (5) subtracts them
     out = lower_inhibitor(low, mixer, heads.q, heads.k, heads.v, heads.v_quantizer, f"{name}.attn")
     return merge_heads(low, out, name), mixer.out_proj
@@ -30,22 +33,28 @@ def lower_inhibitor(
     max|V|: any larger score already inhibits every value completely, so saturation is exact.
     """
     tag_s, tag_h = f"{name}.scores", f"{name}.inhibit"
-    diff = low.sub(
-        low.expand_dims(q, -2, f"{name}.q.e"),
-        low.expand_dims(k, -3, f"{name}.k.e"),
-        f"{name}.diff",
-        tag_s,
-    )  # (nh, T, T, dh)
     rounding = low.config.round_attention  # round |q − k| and (v − z)⁺ to lut_bits too
-    dist = low.sum(
-        low.lut_exact(diff, torch.abs, f"{name}.abs", tag_s, rounding), -1, f"{name}.l1", tag_s
-    )  # Eq. (5)
     z_q = Quantizer(v_quantizer.scale, 0, v_quantizer.n_bits - 1, False)  # [0, max|V|] on V's grid
     gamma, alpha = mixer.gamma, mixer.alpha
-    z = low.lut(
-        dist, lambda t: torch.relu(t / gamma - alpha), f"{name}.z", tag_s, quantizer=z_q
-    )  # Z'
-    z = low.expand_dims(z, -1, f"{name}.z.e")  # (nh, T, T, 1)
+
+    def shifted(dist: QValue) -> QValue:  # Z' = (Z / γ − α)⁺, onto V's grid
+        return low.lut(
+            dist, lambda t: torch.relu(t / gamma - alpha), f"{name}.z", tag_s, quantizer=z_q
+        )
+
+    if mixer.tie_qk:  # K = Q: only the pairs i < j (Z is symmetric, its diagonal 0)
+        z = _tied_scores(low, q, shifted, max(0.0, -alpha), z_q, name, tag_s, rounding)
+    else:
+        diff = low.sub(
+            low.expand_dims(q, -2, f"{name}.q.e"),
+            low.expand_dims(k, -3, f"{name}.k.e"),
+            f"{name}.diff",
+            tag_s,
+        )  # (nh, T, T, dh)
+        dist = low.sum(
+            low.lut_exact(diff, torch.abs, f"{name}.abs", tag_s, rounding), -1, f"{name}.l1", tag_s
+        )  # Eq. (5)
+        z = low.expand_dims(shifted(dist), -1, f"{name}.z.e")  # (nh, T, T, 1)
     if not mixer.signed:
         t = low.sub(low.expand_dims(v, -3, f"{name}.v.e"), z, f"{name}.vz", tag_h)  # V_jk − Z'_ij
         t = low.lut_exact(t, torch.relu, f"{name}.relu", tag_h, rounding)  # Eq. (6)
@@ -60,3 +69,43 @@ def lower_inhibitor(
     )  # (V⁻ + Z')⁻
     both = low.add(pos, neg, f"{name}.pn", tag_h)
     return low.sum(both, -2, f"{name}.h", tag_h)  # Eq. (7)
+
+
+def pair_matrices(T: int) -> tuple[np.ndarray, np.ndarray]:
+    """For the pairs p = (i, j), i < j, of T positions: D (P, T) with D @ q = q_i − q_j, and
+    S (T·T, P) with (S @ z)[i·T + j] = z_p for p = {i, j} (0 on the diagonal)."""
+    pairs = list(itertools.combinations(range(T), 2))
+    d = np.zeros((len(pairs), T), dtype=np.int64)
+    s = np.zeros((T * T, len(pairs)), dtype=np.int64)
+    for p, (i, j) in enumerate(pairs):
+        d[p, i], d[p, j] = 1, -1
+        s[i * T + j, p] = s[j * T + i, p] = 1
+    return d, s
+
+
+def _tied_scores(
+    low: Lowering,
+    q: QValue,
+    shifted,
+    diagonal: float,
+    z_q: Quantizer,
+    name: str,
+    tag: str,
+    rounding,
+) -> QValue:
+    """Z' of Eq. (5) for K = Q as (nh, T, T, 1): |q_i − q_j| and Z'_ij for the T(T − 1)/2 pairs
+    only (one lookup each instead of T²), mirrored by a clear 0/1 matrix (free); the diagonal,
+    where Z = 0, is the constant (−α)⁺."""
+    nh, T, _ = q.shape
+    d, s = pair_matrices(T)
+    diff = low.matmul_left(d, q, f"{name}.diff", tag, integer=True)  # (nh, P, dh)
+    dist = low.sum(
+        low.lut_exact(diff, torch.abs, f"{name}.abs", tag, rounding), -1, f"{name}.l1", tag
+    )  # (nh, P)
+    z = low.expand_dims(shifted(dist), -1, f"{name}.z.p")  # (nh, P, 1)
+    z = low.matmul_left(s, z, f"{name}.z.mirror", tag, integer=True)  # (nh, T·T, 1)
+    z = low.reshape(z, (nh, T, T, 1), f"{name}.z.e")
+    c = int(z_q.quantize_np(np.array(diagonal)))
+    if c:
+        z = low.add_const(z, np.eye(T)[:, :, None] * c * z_q.scale, f"{name}.z.diag", tag)
+    return z

@@ -164,6 +164,7 @@ def test_planner_depths_match_the_128_bit_table():
         {"attention": "activator", "ffn_activation": "relu"},
         {"attention": "geglu-only", "norm": "layernorm"},
         {"ffn_activation": "quad"},
+        {"attention": "inhibitor", "tie_qk": True},  # K = Q: k_proj.* names q_proj's weights
     ],
 )
 def test_exact_program_equals_the_float_inference_form(overrides):

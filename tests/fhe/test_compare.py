@@ -34,7 +34,10 @@ def test_simulated_comparison_matches_an_independent_count(setup):
     clear = np.concatenate([out for out, _ in runs])[accepted]
     flt = predict(compiled.program.model, x).numpy()[accepted]
     assert res["n"] + res["refused_overflow"] == 40 and res["n"] == accepted.sum()
-    assert res["accuracy"]["clear"] == pytest.approx((clear.argmax(-1) == y[accepted]).mean())
+    # the program outputs the head per token (T, n_out); the client's logits are their sum
+    assert compiled.program.client_pools and clear.shape[1:] == (4, 10)
+    logits = (clear * compiled.program.output_scale).sum(axis=1)
+    assert res["accuracy"]["clear"] == pytest.approx((logits.argmax(-1) == y[accepted]).mean())
     assert res["accuracy"]["float"] == pytest.approx((flt.argmax(-1) == y[accepted]).mean())
     assert (
         res["exact_integer_match"] == 1.0
@@ -75,3 +78,31 @@ def test_execution_on_ray_workers_equals_the_clear_program(setup):
     )
     assert res["exact_integer_match"] == 1.0 and res["n"] + res["refused_overflow"] == 2
     assert messages and messages[0].startswith("Ray: 2 workers")
+
+
+def test_the_simulation_check_tells_a_sampled_pbs_error_from_a_wrong_circuit(setup, monkeypatch):
+    """Concrete's simulation samples PBS errors at the circuit's error probability: a mismatch that
+    does not reproduce is one of those; one that does means the circuit is wrong."""
+    compiled, data = setup
+    x = data.x_train[:20]
+    backend = compiled.backend
+    real = backend.simulate
+    odd = compiled.program.quantize_input(x)[3]
+    calls = {"n": 0}
+
+    def once(xi):  # the 4th simulation errs once, like a sampled PBS error
+        calls["n"] += 1
+        return real(xi) + (calls["n"] == 4)
+
+    monkeypatch.setattr(backend, "simulate", once)
+    check = compiled.verify(x)
+    assert (check.n_equal, check.n_transient, check.first_mismatch) == (19, 1, 3)
+    assert check.consistent and not check.exact and "simulated again" in check.describe()
+
+    def always(xi):  # sample 3 differs every time: the circuit does not compute the program
+        return real(xi) + np.array_equal(xi, odd)
+
+    monkeypatch.setattr(backend, "simulate", always)
+    check = compiled.verify(x)
+    assert (check.n_equal, check.n_transient) == (19, 0) and not check.consistent
+    assert "first mismatch: sample 3" in check.describe()

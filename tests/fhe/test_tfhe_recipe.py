@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -71,11 +72,16 @@ def test_preflight_states_the_estimate_and_its_slow_machine_bound():
 
 @pytest.fixture(scope="module")
 def default_model(tmp_path_factory):
-    """`fhe train` with default options (BatchNorm), at a small width to keep the test short."""
+    """`fhe train` with default options (BatchNorm), at a small size to keep the test short: d_model
+    4 and 4 tokens of 4x4 pixels."""
     path = tmp_path_factory.mktemp("default") / "model.pt"
     res = CliRunner().invoke(
         main,
-        ["train", "--d-model", "4", "--heads", "1", "--epochs", "3", "--quiet", "-o", str(path)],
+        [
+            "train",
+            *("--d-model", "4", "--heads", "1", "--patch", "4", "--epochs", "3"),
+            *("--quiet", "-o", str(path)),
+        ],
     )
     assert res.exit_code == 0, res.output
     return path
@@ -94,9 +100,7 @@ def test_default_train_then_compile_runs_encrypted(default_model, tmp_path):
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "expected evaluation keys" in res.stdout
-    assert (
-        "simulation == clear integer program on 1437/1437 calibration samples" in res.stdout
-    )  # all of train
+    assert "/1437 calibration samples" in res.stdout  # all of train; consistent, or exit 1
     assert "encrypted output equals the clear integer program: True" in res.stdout
     rep = json.loads(rep_path.read_text())
     assert max(r["lookup_input_bits"] or 0 for r in rep["stages"]) <= DEFAULT_QUANT.lut_bits
@@ -132,12 +136,15 @@ def test_compile_refuses_a_circuit_whose_simulation_differs_from_the_program(
 ):
     real = TfheBackend.simulate
 
-    def off_by_one_on_the_third_call(self, x, calls=[0]):  # noqa: B006 - a counter shared across calls
-        calls[0] += 1
-        out = real(self, x)
-        return out + 1 if calls[0] == 3 else out
+    def off_by_one_on_the_third_input(self, x, seen=[]):  # noqa: B006 - shared across calls
+        # every simulation of the third calibration input differs (a sampled PBS error would not
+        # reproduce, and the check would not refuse it)
+        if len(seen) < 3:
+            seen.append(np.array(x))
+        wrong = len(seen) == 3 and np.array_equal(x, seen[2])
+        return real(self, x) + wrong
 
-    monkeypatch.setattr(TfheBackend, "simulate", off_by_one_on_the_third_call)
+    monkeypatch.setattr(TfheBackend, "simulate", off_by_one_on_the_third_input)
     res = CliRunner().invoke(main, ["compile", str(default_model), "--no-run", "--calib", "20"])
     assert res.exit_code == 1, res.output
     assert "19/20 calibration samples" in res.output and "first mismatch: sample 2" in res.output

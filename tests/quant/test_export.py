@@ -175,3 +175,123 @@ def test_digits_inhibitor_qat_4_bits_within_two_points(digits_inhibitor):
     program = export(strip_qat(qat.model), data.x_train[:500], QuantConfig(n_bits=4))
     acc = accuracy(program.forward(data.x_test, OverflowPolicy.CLIP), data.y_test.numpy())
     assert acc >= result.test_score - 0.02, (acc, result.test_score)
+
+
+def _abs_lookups(program) -> int:
+    from quant.ops import op_spec
+
+    return sum(
+        op_spec(n.op).pbs_count(n.attrs)
+        for n in program.graph.nodes.values()
+        if n.op == "lut" and n.name.endswith("attn.abs")
+    )
+
+
+@pytest.mark.parametrize("kind", [AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR])
+def test_tied_qk_inhibitor_lowers_the_pairs_only_and_equals_its_twin_and_the_float_model(kind):
+    """K = Q: the program reads |q_i − q_j| for the T(T − 1)/2 pairs (not T²), mirrors them by a
+    clear matrix, and still equals its fake-quantized twin at 6 bits and the float model (Eq. 5
+    with K = Q computed by torch) at 16 bits."""
+    torch.manual_seed(1)
+    tied, untied = tiny(kind, tie_qk=True), tiny(kind)
+    assert tied.blocks[0].mixer.k_proj is tied.blocks[0].mixer.q_proj
+    x = torch.rand(300, 6, 5, dtype=torch.float64)
+    nh, T, dh = 2, 6, 4
+    low = {m: export(m, x[:250], QuantConfig(n_bits=6)) for m in (tied, untied)}
+    assert _abs_lookups(low[tied]) == nh * T * (T - 1) // 2 * dh
+    assert _abs_lookups(low[untied]) == nh * T * T * dh
+    assert not any(n.startswith("block0.mix.k") for n in low[tied].graph.nodes)  # no K at all
+    assert "block0.mix.k.out" in low[untied].graph.nodes
+    held_out = x[250:]
+    out_int, clipped = low[tied].run_int(low[tied].quantize_input(held_out), OverflowPolicy.CLIP)
+    ok = np.isclose(low[tied].dequantize_output(out_int), low[tied].fake_forward(held_out)).all(-1)
+    assert ok.mean() > 0.9 and (ok.all() or clipped)  # differences only where a width clipped
+    program = export(tied, x[:250], QuantConfig(n_bits=16, weight_bits=14))
+    with torch.no_grad():
+        ref = tied(held_out).numpy()
+    got = program.forward(held_out, OverflowPolicy.CLIP)
+    assert np.abs(got - ref).max() < 0.02 * np.abs(ref).max() + 1e-3
+
+
+def test_tied_qk_is_an_inhibitor_option_and_survives_qat_and_checkpoints(tmp_path):
+    from models.training import load_checkpoint, save_checkpoint
+
+    with pytest.raises(ValueError, match="Inhibitor option"):
+        tiny(AttentionKind.DOT_PRODUCT, tie_qk=True)
+    model = tiny(AttentionKind.INHIBITOR, tie_qk=True).float()
+    for m in (prepare_qat(model, 6), strip_qat(prepare_qat(model, 6))):
+        mixer = m.blocks[0].mixer
+        assert mixer.k_proj is mixer.q_proj  # one module under both names, after replacement too
+    save_checkpoint(tmp_path / "m.pt", model)
+    loaded = load_checkpoint(tmp_path / "m.pt").model
+    assert loaded.config.tie_qk and loaded.blocks[0].mixer.k_proj is loaded.blocks[0].mixer.q_proj
+    x = torch.rand(4, 6, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
+
+
+def test_client_pooling_outputs_per_token_logits_whose_sum_is_the_pooled_program():
+    """Mean pooling and the head are linear: the program can output W h_t + b per token and the
+    client sums the decrypted values. Same logits as the server-pooled program (up to the bias's
+    rounding on a finer grid), the twin's exactly; the output is narrower."""
+    torch.manual_seed(2)
+    model = tiny(AttentionKind.INHIBITOR)
+    x = torch.rand(260, 6, 5, dtype=torch.float64)
+    server = export(model, x[:200], QuantConfig(n_bits=6))
+    client = export(model, x[:200], QuantConfig(n_bits=6, client_pooling=True))
+    calib = x[:200]  # calibrated here: nothing clips
+    y_server, _ = server.run_int(server.quantize_input(calib), OverflowPolicy.CLIP)
+    y_client, clipped = client.run_int(client.quantize_input(calib), OverflowPolicy.CLIP)
+    assert not clipped and y_server.shape == (200, 3) and y_client.shape == (200, 6, 3)
+    got = client.dequantize_output(y_client)
+    np.testing.assert_allclose(got, client.fake_forward(calib), atol=1e-9)
+    pooled = server.dequantize_output(y_server)
+    np.testing.assert_allclose(got, pooled, atol=2 * client.output_scale)
+    server_bits, client_bits = (p.graph.nodes[p.graph.output_name].bits for p in (server, client))
+    assert client_bits < server_bits
+
+
+@pytest.mark.parametrize("kind", [AttentionKind.INHIBITOR, AttentionKind.ACTIVATOR])
+def test_folding_the_last_residual_into_the_head_equals_its_twin_and_the_float_model(kind):
+    """W_h (h + W₂a + b₂) + b_h as two linear layers on one grid: no second-residual lookups in the
+    last block (the first keeps its own), and the integer program equals its twin at 6 bits and
+    tracks the float model at 16."""
+    torch.manual_seed(3)
+    model = tiny(kind, n_layers=2)
+    x = torch.rand(300, 6, 5, dtype=torch.float64)
+    folded = QuantConfig(n_bits=6, client_pooling=True, fold_last_residual=True)
+    program = export(model, x[:250], folded)
+    assert "block1.res2.out" not in program.graph.nodes and "block0.res2.out" in program.graph.nodes
+    assert "block1.res2.out" in export(model, x[:250], QuantConfig(n_bits=6)).graph.nodes
+    calib = x[:250]
+    out_int, clipped = program.run_int(program.quantize_input(calib), OverflowPolicy.CLIP)
+    assert not clipped
+    np.testing.assert_allclose(
+        program.dequantize_output(out_int), program.fake_forward(calib), atol=1e-9
+    )
+    wide = export(model, x[:250], folded.replace(n_bits=16, weight_bits=14))
+    with torch.no_grad():
+        ref = model(x[250:]).numpy()
+    got = wide.forward(x[250:], OverflowPolicy.CLIP)
+    assert np.abs(got - ref).max() < 0.02 * np.abs(ref).max() + 1e-3
+    with pytest.raises(ValueError, match="needs client_pooling"):
+        QuantConfig(fold_last_residual=True)
+
+
+def test_attention_lut_bits_round_the_qkv_lookups_further_and_the_program_equals_its_twin():
+    """The Q/K/V requantisations read attention_lut_bits (4), every other lookup lut_bits (5)."""
+    torch.manual_seed(4)
+    model = tiny(AttentionKind.INHIBITOR)
+    x = torch.rand(250, 6, 5, dtype=torch.float64)
+    cfg = QuantConfig(n_bits=6, weight_bits=4, attention_bits=3, lut_bits=5, attention_lut_bits=4)
+    program = export(model, x, cfg)
+    g = program.graph
+    reads = {n.name: n.lut_input_bits(g) for n in g.nodes.values() if n.op == "lut"}
+    qkv = {k: v for k, v in reads.items() if k.endswith(("mix.q.out", "mix.k.out", "mix.v.out"))}
+    assert len(qkv) == 3 and max(qkv.values()) <= 4
+    assert max(v for k, v in reads.items() if k not in qkv) == 5
+    out_int, clipped = program.run_int(program.quantize_input(x), OverflowPolicy.CLIP)
+    assert not clipped
+    np.testing.assert_allclose(
+        program.dequantize_output(out_int), program.fake_forward(x), atol=1e-9
+    )
