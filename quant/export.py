@@ -41,9 +41,13 @@ class QuantizedProgram:
     config: QuantConfig
     model: Transformer
     calibration: dict[str, Range] = field(default_factory=dict)
-    # the program outputs per-token logits (T, n_out) and the client sums them (mean pooling and
-    # the head are linear, so the pooled logits are that sum): see :func:`lower_transformer`
-    client_pools: bool = False
+
+    @property
+    def client_pools(self) -> bool:
+        """The program outputs per-token logits (T, n_out) and the client sums them (mean pooling
+        and the head are linear, so the pooled logits are that sum): see
+        :func:`lower_transformer`."""
+        return self.config.client_pooling
 
     # --------------------------------------------------------------------------------- client side
     def quantize_input(self, x: Tensor | np.ndarray) -> np.ndarray:
@@ -105,7 +109,6 @@ def export(
         config,
         model,
         calibration=low.ranges,
-        client_pools=config.client_pooling,
     )
 
 
