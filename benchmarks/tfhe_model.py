@@ -9,8 +9,15 @@ Variants of the first kind: approximate rounding, a looser global error probabil
 parallelism modes.
 
     python benchmarks/tfhe_model.py    # digits, 4x4 patches: Inhibitor vs dot-product
-    python benchmarks/tfhe_model.py --task mnist --kinds inhibitor --seeds 1 --n-exec 1
-        --no-variants --child-timeout 9000    # ~8 GB of keys, 10k samples simulated
+    python benchmarks/tfhe_model.py --task mnist --kinds inhibitor --seeds 3 --n-exec 3
+        --no-variants    # 4 tokens of 14x14: ~25 min, 1.9 GB of keys, 10k samples simulated
+    python benchmarks/tfhe_model.py --task mnist --kinds inhibitor --model m.pt --n-exec 3
+        --no-variants    # measure a saved model (e.g. benchmarks/mnist_qat_schedule.py --save-dir)
+
+With ``--model`` the first kind is that checkpoint (its recorded quantization) and nothing is
+trained: the report then has no accuracy table (the encrypted table has the program's clear
+accuracy). ``--recipe`` overrides the task's recipe (e.g. the 16-token MNIST recipe of earlier
+results, README "MNIST").
 """
 
 from __future__ import annotations
@@ -35,20 +42,31 @@ from quant.config import DEFAULT_CALIB_SAMPLES  # noqa: E402
 
 RECIPES = {  # model size, tokenisation, training and quantization (over the TFHE defaults) per task
     "digits": dict(patch=4, d_model=16, n_heads=1, epochs=60, qat_epochs=100, batch_size=64),
-    # MNIST needs wider attention than the digits defaults. Trial runs (README, "MNIST"): 3-bit
-    # Q/K/V 26% PTQ; 6-bit Q/K/V, 7-bit activations, 6-bit lookups: 95.7% after 30 QAT epochs at
-    # 2e-3 (float 97.87%), 96.4-96.7% after 3-10 epochs at 5e-4-1e-3, 97.0% with 6-bit weights
-    # (PTQ 95.4% instead of 80.7%), 8.2 GB of keys; 7-bit Q/K/V 97.0%, but 12.9 GB of keys, more
-    # than keygen can hold on this machine
+    # MNIST as 4 tokens of 14x14 pixels (benchmarks/results/tfhe_model_mnist_4tokens.md): 16
+    # tokens of 7x7 (README, "MNIST") pay T² = 256 attention lookups per feature, ~2100 s estimated
+    # per sample for a 96.7% program; 4 tokens with d_model 24: a 98.05% float model, a 97.6%
+    # program, ~160 s. Wider attention than the digits defaults: 6-bit Q/K/V (3-bit: 26% after
+    # PTQ), 7-bit activations, 6-bit weights, every lookup (the attention's too) rounded to 6 bits
+    # (one N = 8192 parameter set instead of N = 16384); the client pools the head; the last
+    # residual is not folded (a point lost on MNIST: results/mnist_qat_client_pooling.md).
     "mnist": dict(
-        patch=7,
-        d_model=16,
+        patch=14,
+        d_model=24,
         n_heads=2,
         epochs=80,
         qat_epochs=10,
         qat_lr=5e-4,
         batch_size=128,
-        quant=dict(n_bits=7, weight_bits=6, attention_bits=6, lut_bits=6),
+        quant=dict(
+            n_bits=7,
+            weight_bits=6,
+            attention_bits=6,
+            lut_bits=6,
+            round_attention=True,
+            client_pooling=True,
+            fold_last_residual=False,
+            attention_lut_bits=None,
+        ),
     ),
 }
 
@@ -156,22 +174,30 @@ def measure(spec: dict) -> dict:
     y = data.y_test.numpy()
     result = {
         "spec": spec,
+        "quant": quant.to_dict(),
         "pbs": rep["pbs_count"],
         "max_bit_width": rep["max_bit_width"],
         "max_lookup_input_bits": max(r["lookup_input_bits"] or 0 for r in rep["stages"]),
         "params": rep["params_all"],
         "key_mib": rep["key_sizes_bytes"]["evaluation"] / 2**20,
         "complexity": rep["complexity"],
+        "global_p_error": rep["global_p_error"],  # Concrete's, for the circuit it compiled
         "estimated_latency_s": estimated_latency_s(circuit),
         "stages": rep["stages"],
         "clear_accuracy": float((logits(clear).argmax(-1) == y).mean()),
         "load_avg_1min_before": load_before,
     }
+    # test samples that take some value outside its calibrated width: the clear program saturates
+    # it, the circuit wraps around, so the client refuses to encrypt them (InputOverflowError)
+    refused = np.array([bool(compiled.codec.overflowing(x_int[i : i + 1])) for i in range(len(y))])
+    result["n_refused"] = int(refused.sum())
     if spec.get("simulate", True):
         sim = np.stack([compiled.backend.simulate(x) for x in x_int])
+        equal = (sim == clear).reshape(len(y), -1).all(-1)
         result.update(
             sim_accuracy=float((logits(sim).argmax(-1) == y).mean()),
-            sim_exact_match=float((sim == clear).reshape(len(y), -1).all(-1).mean()),
+            sim_exact_match=float(equal.mean()),
+            sim_exact_match_accepted=float(equal[~refused].mean()),
             sim_argmax_agreement=float((logits(sim).argmax(-1) == logits(clear).argmax(-1)).mean()),
             n_test=int(len(y)),
         )
@@ -226,6 +252,18 @@ def _pct(v) -> str:
     return "—" if v is None else f"{100 * v:.2f}%"
 
 
+def _sim_equal(m: dict) -> str:
+    """Simulation == clear over the test split, and over the samples the client accepts (the
+    others overflow a calibrated width: refused, InputOverflowError)."""
+    text = _pct(m.get("sim_exact_match"))
+    if m.get("n_refused"):
+        text += (
+            f" ({_pct(m.get('sim_exact_match_accepted'))} of the accepted; {m['n_refused']} "
+            "refused)"
+        )
+    return text
+
+
 def _num(v, spec: str) -> str:  # "—" for what a run did not measure (e.g. keygen with --n-exec 0)
     return "—" if v is None else format(v, spec)
 
@@ -233,22 +271,32 @@ def _num(v, spec: str) -> str:  # "—" for what a run did not measure (e.g. key
 def report(
     task: str, accuracy: dict, main_rows: dict, variants: list[tuple[str, dict]]
 ) -> list[str]:
-    lines = [
-        f"# Whole models under TFHE: {task}",
-        "",
-        f"`{command_line()}`",
-        "",
-        f"Recipe: {RECIPES[task]}; BatchNorm folded at export; `fhe train --qat-bits 6` (QAT "
-        f"through the integer program: {_quant_text(task)}, exact rounding, global p_error 1e-5, "
-        "seeded evaluation keys). Machine: 2 cores, shared; load averages are listed with each "
-        "measurement. Keys: 'in memory' is what the server holds (Concrete's key sizes), "
-        "'uploaded' what the client serialises, stores and sends.",
-        "",
-        "## Accuracy (test split; the integer program is the QAT model's own forward)",
-        "",
-        "| kind | float | PTQ program | QAT program | seeds |",
-        "|---|---|---|---|---|",
+    lines = [f"# Whole models under TFHE: {task}", "", f"`{command_line()}`", ""]
+    if accuracy:
+        lines.append(
+            f"Recipe: {RECIPES[task]}; BatchNorm folded at export; `fhe train --qat-bits 6` (QAT "
+            f"through the integer program: {_quant_text(task)}, exact rounding, global p_error "
+            "1e-5, seeded evaluation keys)."
+        )
+    else:
+        (kind, m), *_ = main_rows.items()
+        lines.append(
+            f"A saved {kind} model (`{m['spec']['model']}`), compiled with the quantization it "
+            f"records: {m['quant']}; exact rounding, global p_error 1e-5, seeded evaluation keys."
+        )
+    lines += [
+        "Machine: 2 cores, shared; load averages are listed with each measurement. Keys: 'in "
+        "memory' is what the server holds (Concrete's key sizes), 'uploaded' what the client "
+        "serialises, stores and sends.",
     ]
+    if accuracy:
+        lines += [
+            "",
+            "## Accuracy (test split; the integer program is the QAT model's own forward)",
+            "",
+            "| kind | float | PTQ program | QAT program | seeds |",
+            "|---|---|---|---|---|",
+        ]
     for kind, rows in accuracy.items():
         f, p, q = (np.array([r[k] for r in rows]) for k in ("float", "ptq", "qat_program"))
         lines.append(
@@ -272,7 +320,7 @@ def report(
             f"{_num(m.get('keygen_s'), '.1f')} | {_num(m.get('latency_median_s'), '.1f')} | "
             f"{m['estimated_latency_s']:.1f} | {sum(m.get('encrypted_equals_clear', []))}/"
             f"{len(m.get('encrypted_equals_clear', []))} | {_pct(m['clear_accuracy'])} | "
-            f"{_pct(m.get('sim_accuracy'))} | {_pct(m.get('sim_exact_match'))} | "
+            f"{_pct(m.get('sim_accuracy'))} | {_sim_equal(m)} | "
             f"{m['peak_rss_gib']:.2f} | "
             f"{m['load_avg_1min_before']:.1f}/{m['load_avg_1min_after']:.1f} |"
         )
@@ -364,18 +412,40 @@ def main() -> None:
         help="JSON overrides of the recipe's quantization, e.g. '{\"round_attention\": true}'",
     )
     ap.add_argument(
+        "--recipe",
+        type=json.loads,
+        default={},
+        help="JSON overrides of the task's recipe (RECIPES), e.g. '{\"patch\": 14}' for MNIST as "
+        "4 tokens of 14x14 pixels",
+    )
+    ap.add_argument(
         "--child-timeout",
         type=int,
         default=CHILD_TIMEOUT_S,
         help="seconds one measurement (compile, simulate the test split, keygen, encrypted runs) "
         "may take",
     )
+    ap.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="measure this fhe train / mnist_qat_schedule.py checkpoint as the (single) kind "
+        "instead of training",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.model and "," in args.kinds:
+        ap.error("--model measures one model: give --kinds with the one kind it is")
+    if args.model and not args.model.is_file():
+        ap.error(f"--model {args.model}: no such file")
     if args.child:
         print(json.dumps(measure(json.loads(args.child)), default=float), flush=True)
         sys.stdout.flush()
         os._exit(0)
+    unknown = set(args.recipe) - set(RECIPES[args.task]) - {"d_ff"}
+    if unknown:
+        ap.error(f"--recipe: unknown keys {sorted(unknown)}; known: {sorted(RECIPES[args.task])}")
+    RECIPES[args.task] = {**RECIPES[args.task], **args.recipe}
     if args.quant:  # the report's recipe line shows the overrides with the rest
         RECIPES[args.task] = {
             **RECIPES[args.task],
@@ -384,19 +454,23 @@ def main() -> None:
     kinds = args.kinds.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        print(f"training ({args.seeds} seeds per kind) ...", flush=True)
-        accuracy = train_models(args.task, kinds, args.seeds, workdir)
+        models = {kinds[0]: args.model} if args.model else None
+        if models is None:
+            print(f"training ({args.seeds} seeds per kind) ...", flush=True)
+            accuracy = train_models(args.task, kinds, args.seeds, workdir)
+            models = {kind: workdir / f"{kind}.pt" for kind in kinds}
+        else:
+            accuracy = {}
         main_rows = {}
-        for i, kind in enumerate(kinds):
+        for i, (kind, path) in enumerate(models.items()):
             print(f"measuring {kind} ...", flush=True)
             n_exec = args.n_exec if i == 0 else args.n_exec_others
             main_rows[kind] = run_child(
-                {"model": str(workdir / f"{kind}.pt"), "n_exec": n_exec},
-                timeout_s=args.child_timeout,
+                {"model": str(path), "n_exec": n_exec}, timeout_s=args.child_timeout
             )
         variants = []
         if not args.no_variants:
-            first = str(workdir / f"{kinds[0]}.pt")
+            first = str(models[kinds[0]])
             for label, spec in VARIANTS:
                 print(f"variant: {label} ...", flush=True)
                 variants.append(

@@ -46,6 +46,19 @@ def _echo_err(message: str) -> None:
     click.echo(message, err=True)
 
 
+def _json_object(param, value: str | None) -> dict:
+    """A JSON object option ({} when not given); anything else is a usage error."""
+    if value is None:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param=param) from exc
+    if not isinstance(parsed, dict):
+        raise click.BadParameter("expected a JSON object ({...})", param=param)
+    return parsed
+
+
 def _write_json(path: Path | None, payload: dict) -> None:
     if path:
         path.write_text(json.dumps(payload, indent=2))
@@ -213,6 +226,14 @@ def main() -> None:
     "--qat-lut-bits", type=int, default=None, help="QAT: lookup input bits (TFHE default 5)."
 )
 @click.option("--qat-lr", type=float, default=2e-3, show_default=True, help="QAT learning rate.")
+@click.option(
+    "--qat-quant",
+    callback=lambda ctx, param, value: _json_object(param, value),
+    default=None,
+    help='QAT: QuantConfig fields over the TFHE defaults as JSON, e.g. \'{"weight_bits": 6, '
+    '"round_attention": true}\' (the --qat-* options win; 0 turns lut_bits or '
+    "attention_lut_bits off). The model file records the result.",
+)
 @click.option(
     "-o", "--output", type=click.Path(path_type=Path), default=Path("model.pt"), show_default=True
 )

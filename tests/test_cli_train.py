@@ -138,3 +138,25 @@ def test_init_keeps_the_base_architecture_and_refuses_another_attention(tmp_path
         ["train", "--init", str(base), "--epochs", "1", "--quiet", "-o", str(tmp_path / "ft.pt")],
     )
     assert res.exit_code == 0 and "digits / dot-product" in res.output
+
+
+def test_qat_quant_sets_the_recorded_quantization_and_refuses_bad_fields(tmp_path):
+    out = tmp_path / "m.pt"
+    small = ["train", "--d-model", "8", "--heads", "1", "--patch", "4", "--epochs", "1", "--quiet"]
+    qat = ["--qat-bits", "6", "--qat-epochs", "1", "-o", str(out)]
+    given = {"weight_bits": 5, "client_pooling": False, "fold_last_residual": False}
+    res = CliRunner().invoke(main, [*small, *qat, "--qat-quant", json.dumps(given)])
+    assert res.exit_code == 0, res.output
+    recorded = load_checkpoint(out).extra["quant"]
+    assert {k: recorded[k] for k in given} == given
+    assert recorded["n_bits"] == 6  # --qat-bits
+    for bad, message in [
+        ('{"weight_bitz": 5}', "weight_bitz"),
+        ("[5]", "JSON object"),
+        ("{weight_bits: 5}", "not JSON"),
+        ('{"fold_last_residual": true, "client_pooling": false}', "client_pooling"),
+    ]:
+        res = CliRunner().invoke(main, [*small, *qat, "--qat-quant", bad])
+        assert res.exit_code == 2 and message in res.output, (bad, res.output)
+    res = CliRunner().invoke(main, [*small, "--qat-quant", '{"weight_bits": 5}'])
+    assert res.exit_code == 2 and "--qat-bits" in res.output

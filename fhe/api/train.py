@@ -46,6 +46,8 @@ class TrainRequest:
     qat_attention_bits: int | None = None
     qat_lut_bits: int | None = None
     qat_lr: float = 2e-3
+    # QuantConfig fields over the TFHE defaults (the qat_* options win); 0 turns a lut width off
+    qat_quant: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -88,6 +90,11 @@ def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
     from models.training import TrainConfig
     from models.training import train as run_training
 
+    if req.qat_quant and (req.qat_bits is None or req.qat_method != "program"):
+        raise BadOptionError(
+            "--qat-quant configures program QAT: give --qat-bits (with --qat-method program)"
+        )
+    quant = _qat_quant(req) if req.qat_bits is not None and req.qat_method == "program" else None
     data, model_config, train_config, init_model = _training_setup(req)
     result = run_training(model_config, data, train_config, progress=progress, model=init_model)
     outcome = TrainOutcome(
@@ -120,22 +127,34 @@ def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
         outcome.model, outcome.test_score = strip_qat(qat.model), qat.test_score
         outcome.extra["qat_history"] = qat.history
         return outcome
-    from fhe.tfhe_recipe import resolve_quant
     from quant.program_qat import train_program
 
-    try:
-        quant = resolve_quant(
-            None,
-            n_bits=req.qat_bits,
-            attention_bits=req.qat_attention_bits,
-            lut_bits=req.qat_lut_bits,
-        )
-    except ValueError as exc:
-        raise BadOptionError(str(exc)) from exc
     qat = train_program(result.model, data, quant, qat_config, progress=progress)
     outcome.model, outcome.test_score = qat.model, qat.program_score
     outcome.extra.update(quant=quant.to_dict(), qat_history=qat.history)
     return outcome
+
+
+def _qat_quant(req: TrainRequest):
+    """The quantization program QAT trains for: the TFHE defaults, ``req.qat_quant`` over them,
+    then the named ``--qat-*`` options."""
+    from fhe.tfhe_recipe import resolve_quant
+    from quant import QuantConfig
+
+    known = {f.name for f in QuantConfig.__dataclass_fields__.values()}
+    unknown = sorted(set(req.qat_quant) - known)
+    if unknown:
+        raise BadOptionError(
+            f"--qat-quant: unknown field(s) {unknown}; QuantConfig has {sorted(known)}"
+        )
+    named = dict(
+        n_bits=req.qat_bits, attention_bits=req.qat_attention_bits, lut_bits=req.qat_lut_bits
+    )
+    overrides = {**req.qat_quant, **{k: v for k, v in named.items() if v is not None}}
+    try:
+        return resolve_quant(None, **overrides)
+    except (TypeError, ValueError) as exc:
+        raise BadOptionError(f"--qat-quant: {exc}") from exc
 
 
 def _training_setup(req: TrainRequest):
