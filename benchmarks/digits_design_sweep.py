@@ -70,6 +70,17 @@ VARIANTS = {
         {"d_model": 12},
         {"fold_last_residual": True, "attention_lut_bits": 4},
     ),
+    # narrower accumulators: every bit less is one rounding PBS less per lookup
+    "fold-qkv-lut4-n5": (
+        "the TFHE defaults with 5-bit activations",
+        {},
+        {"fold_last_residual": True, "attention_lut_bits": 4, "n_bits": 5},
+    ),
+    "fold-qkv-lut4-w3": (
+        "the TFHE defaults with 3-bit weights",
+        {},
+        {"fold_last_residual": True, "attention_lut_bits": 4, "weight_bits": 3},
+    ),
 }
 
 

@@ -1,7 +1,7 @@
 """Whole models under TFHE: accuracy, PBS, widths, keys, keygen and encrypted latency, side by side.
 
 For each attention kind: train the float model (BatchNorm, folded at export), fine-tune it through
-its integer program (``fhe train --qat-bits 6``, several seeds for the accuracy statistics), then
+its integer program (``fhe train --qat-bits``, several seeds for the accuracy statistics), then
 for the seed-0 model compile with the TFHE defaults, generate keys, run ``--n-exec`` test samples
 encrypted (each compared with the clear integer program) and simulate the whole test split. Each
 measurement runs in a child process (its own peak memory; ``taskset`` for the core-count rows).
@@ -41,7 +41,16 @@ from benchmarks._results import RESULTS, command_line, write_results  # noqa: E4
 from quant.config import DEFAULT_CALIB_SAMPLES  # noqa: E402
 
 RECIPES = {  # model size, tokenisation, training and quantization (over the TFHE defaults) per task
-    "digits": dict(patch=4, d_model=16, n_heads=1, epochs=60, qat_epochs=100, batch_size=64),
+    # digits: make demo's model (5-bit activations: results/digits_design_sweep_widths.md)
+    "digits": dict(
+        patch=4,
+        d_model=16,
+        n_heads=1,
+        epochs=60,
+        qat_epochs=100,
+        batch_size=64,
+        quant=dict(n_bits=5),
+    ),
     # MNIST as 4 tokens of 14x14 pixels (benchmarks/results/tfhe_model_mnist_4tokens.md): 16
     # tokens of 7x7 (README, "MNIST") pay T² = 256 attention lookups per feature, ~2100 s estimated
     # per sample for a 96.7% program; 4 tokens with d_model 24: a 98.05% float model, a 97.6%
@@ -274,7 +283,8 @@ def report(
     lines = [f"# Whole models under TFHE: {task}", "", f"`{command_line()}`", ""]
     if accuracy:
         lines.append(
-            f"Recipe: {RECIPES[task]}; BatchNorm folded at export; `fhe train --qat-bits 6` (QAT "
+            f"Recipe: {RECIPES[task]}; BatchNorm folded at export; `fhe train --qat-bits "
+            f"{recipe_quant(task).n_bits}` (QAT "
             f"through the integer program: {_quant_text(task)}, exact rounding, global p_error "
             "1e-5, seeded evaluation keys)."
         )

@@ -2,8 +2,8 @@
 once installed).
 
 1. train a small Inhibitor transformer on sklearn's digits (4 tokens of 4x4 pixels, BatchNorm), then
-   fine-tune it through its own TFHE integer program (`--qat-bits 6`: the program reproduces the QAT
-   model);
+   fine-tune it through its own TFHE integer program (`--qat-bits 5`: 5-bit activations, one
+   rounding PBS less per lookup than 6; the program reproduces the QAT model);
 2. compile it with TFHE (the defaults keep every lookup at <= 5 bits): expected key size and
    latency, keygen, one encrypted test sample, the cost report per stage; client (secret keys) and
    server (no secret key) artifacts;
@@ -54,7 +54,7 @@ def main() -> None:
     )
     fhe(
         "train --task digits --patch 4 --attention inhibitor --d-model 16 --heads 1 --epochs 60 "
-        "--qat-bits 6 --qat-epochs 100 -o",
+        "--qat-bits 5 --qat-epochs 100 -o",
         model,
     )
     fhe("compile --scheme tfhe", model, "--json", tfhe_json, "--out", tfhe_art)
