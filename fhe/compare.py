@@ -44,12 +44,7 @@ def compare_tfhe(
         raise ValueError(f"mode must be 'simulate' or 'execute', got {mode!r}")
     flt = predict(compiled.program.model, x).numpy()
     x_int = compiled.program.quantize_input(x)
-    # one clear run per sample: the reference outputs, and which samples left a calibrated width (a
-    # value
-    # the clear run saturates but the encrypted circuit wraps around)
-    runs = [compiled.program.run_int(xi[None], "clip") for xi in x_int]
-    clear = np.concatenate([out for out, _ in runs])
-    accepted = np.array([not clipped for _, clipped in runs])
+    clear, accepted = compiled.program.run_int_accepted(x_int)  # the reference, and who is refused
     if not accepted.any():
         raise NothingToCompareError(
             f"all {len(accepted)} samples would overflow a calibrated width; compile with --ranges "

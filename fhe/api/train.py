@@ -141,7 +141,7 @@ def _qat_quant(req: TrainRequest):
     from fhe.tfhe_recipe import resolve_quant
     from quant import QuantConfig
 
-    known = {f.name for f in QuantConfig.__dataclass_fields__.values()}
+    known = set(QuantConfig.__dataclass_fields__)
     unknown = sorted(set(req.qat_quant) - known)
     if unknown:
         raise BadOptionError(
