@@ -56,7 +56,8 @@ def tfhe_artifact(tmp: Path) -> tuple[Path, np.ndarray]:
     return tmp / "tfhe", data.x_test.numpy()
 
 
-def ckks_artifact(tmp: Path) -> tuple[Path, list[np.ndarray]]:
+def ckks_artifact(tmp: Path):
+    """The saved CKKS artifact and its compiled model (``.clear`` is the reference)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fhe"))
     from ckks_models import tiny
 
@@ -72,7 +73,7 @@ def ckks_artifact(tmp: Path) -> tuple[Path, list[np.ndarray]]:
     )
     cm.keygen()
     cm.save(tmp / "ckks", include_secret_key=True)
-    return tmp / "ckks", []
+    return tmp / "ckks", cm
 
 
 def batch_rows(art: Path, payloads: list[bytes], client, scheme: str, samples: int) -> list[dict]:

@@ -8,7 +8,6 @@ Library errors become click errors in one place (:func:`library_errors`): a
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -16,30 +15,12 @@ import traceback
 from pathlib import Path
 
 import click
-import numpy as np
 
+from fhe.cli_common import library_errors
 from models.config import Activation, AttentionKind, NormKind
 
 KINDS = [k.value for k in AttentionKind]
 SCHEMES = ["tfhe", "ckks"]
-
-
-def library_errors(fn):
-    """Run a command body, turning the library's errors into click's (usage: exit 2, failure: exit
-    1)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from fhe.errors import BadOptionError, FheError
-
-        try:
-            return fn(*args, **kwargs)
-        except BadOptionError as exc:
-            raise click.UsageError(str(exc)) from exc
-        except (FheError, FileNotFoundError) as exc:
-            raise click.ClickException(str(exc)) from exc
-
-    return wrapper
 
 
 def _echo_err(message: str) -> None:
@@ -626,12 +607,17 @@ def compile_cmd(model_path, json_path, out_dir, no_run, **opts) -> None:
     "--sample", type=int, default=0, show_default=True, help="Index into the task's test split."
 )
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--allow-overflow",
+    is_flag=True,
+    help="TFHE: encrypt an input outside the calibrated widths anyway (the answer can be wrong).",
+)
 @library_errors
-def run_cmd(artifact_dir, sample, data_dir) -> None:
+def run_cmd(artifact_dir, sample, data_dir, allow_overflow) -> None:
     """Encrypt a test sample with the client artifact, run it on the server artifact, decrypt."""
     from fhe import api
 
-    run = api.run_artifact(artifact_dir, sample, data_dir)
+    run = api.run_artifact(artifact_dir, sample, data_dir, allow_overflow)
     click.echo(run.describe())
     for note in run.notes:
         _echo_err(note)
@@ -819,81 +805,10 @@ def report(
     click.echo(f"wrote {paths['md']}, {paths['json']}, {paths['png']}")
 
 
-@main.command()
-@click.argument("artifact_dir", type=click.Path(path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
-@click.option(
-    "--keys-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Where uploaded keys are stored (default: uploaded_keys/ next to the server folder).",
-)
-@click.option("--max-payload-mb", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--max-keys-mb", type=click.IntRange(min=1), default=8192, show_default=True)
-def serve(artifact_dir, host, port, keys_dir, max_payload_mb, max_keys_mb) -> None:
-    """Serve encrypted inference over HTTP from ARTIFACT_DIR's server artifact (never a secret
-    key)."""
-    from fhe.deploy.server import serve as run_server
-    from fhe.errors import FheError
+from fhe.serve_cli import client_cmd, serve, serve_token  # noqa: E402 - registered below
 
-    try:
-        run_server(
-            artifact_dir,
-            host,
-            port,
-            keys_dir,
-            max_payload_bytes=max_payload_mb << 20,
-            max_keys_bytes=max_keys_mb << 20,
-        )
-    except FheError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-@main.command(name="client")
-@click.argument("client_dir", type=click.Path(path_type=Path))
-@click.option("--url", default="http://127.0.0.1:8000", show_default=True)
-@click.option("--sample", type=int, default=None, help="Index into the task's test split.")
-@click.option(
-    "--input",
-    "input_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="A .npy file with one input (the model's input shape, floats).",
-)
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None)
-@library_errors
-def client_cmd(client_dir, url, sample, input_path, data_dir) -> None:
-    """Encrypt an input with CLIENT_DIR's keys, have the service at --url run it, decrypt the
-    answer."""
-    import httpx
-
-    from fhe import api
-    from fhe.deploy.client import Client
-
-    if (sample is None) == (input_path is None):
-        raise click.UsageError("give exactly one of --sample N or --input FILE.npy")
-    client = Client(client_dir, url)
-    if input_path is not None:
-        x, label = api.read_input(input_path), None
-    else:
-        x, label = api.pick_test_sample(
-            api.load_task_of_artifact(client.meta, data_dir), sample, client.meta["task"]
-        )
-    if client.scheme == "ckks":
-        x = x[None]
-    try:
-        client.upload_keys()
-        result = client.predict(x)
-    except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach {url}: {exc} (is `fhe serve` running?)") from exc
-    logits = np.asarray(result.logits).reshape(-1)
-    click.echo(
-        f"prediction {int(logits.argmax())}"
-        + ("" if label is None else f" (label {label})")
-        + f"; round trip {result.round_trip_s:.2f} s, server {result.server_s:.2f} s; "
-        f"logits {np.round(logits, 3).tolist()}"
-    )
+for _command in (serve, serve_token, client_cmd):
+    main.add_command(_command)
 
 
 def entry() -> None:

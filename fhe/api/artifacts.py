@@ -61,7 +61,10 @@ def pick_test_sample(data, index: int, task: str) -> tuple[np.ndarray, int]:
 
 
 def run_artifact(
-    artifact_dir: str | Path, sample: int = 0, data_dir: str | Path | None = None
+    artifact_dir: str | Path,
+    sample: int = 0,
+    data_dir: str | Path | None = None,
+    allow_overflow: bool = False,
 ) -> ArtifactRun:
     """``fhe run``: test sample ``sample`` through ``artifact_dir``'s client and server, in this
     process (a CKKS program planned with client-assisted refreshes gets them from the client
@@ -70,7 +73,8 @@ def run_artifact(
 
     artifact_dir = Path(artifact_dir)
     try:
-        client = Client(artifact_dir / "client")  # the scheme (and CKKS layout) of the artifact
+        # the scheme (and CKKS layout) of the artifact
+        client = Client(artifact_dir / "client", allow_overflow=allow_overflow)
         server = _open_server(client.scheme, artifact_dir / "server")
     except (FileNotFoundError, RuntimeError) as exc:
         raise FheError(str(exc)) from exc
@@ -79,20 +83,13 @@ def run_artifact(
     local = client.local
     start = time.perf_counter()
     if client.scheme == "tfhe":
-        logits = dequantize_output(
-            meta, local.decrypt(server.run(local.encrypt(quantize_input(meta, x))))
-        )
+        x_int = quantize_input(meta, x)
+        client.check_input(x_int)  # the same refusal as fhe client and fhe compare
+        logits = dequantize_output(meta, local.decrypt(server.run(local.encrypt(x_int))))
     else:
         logits = local.decrypt(server.run(local.encrypt(x[None]), local.refresh(server.context)))[0]
     seconds = time.perf_counter() - start
-    notes = ()
-    if meta.get("overflow_risks"):
-        notes = (
-            f"note: compiled with calibrated ranges; {len(meta['overflow_risks'])} node(s) can "
-            "overflow on inputs unlike the calibration set, which this client (holding no "
-            "program) cannot check. `fhe compare` refuses such inputs; `fhe compile --ranges "
-            "proven` rules them out.",
-        )
+    notes = tuple(client.warnings)
     return ArtifactRun(client.scheme, sample, label, np.asarray(logits).reshape(-1), seconds, notes)
 
 

@@ -24,6 +24,7 @@ from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
 from fhe.tfhe_recipe import estimated_latency_s, stage_table
+from quant.graph_io import load_graph, save_graph
 from quant.ir import FREE_OPS, Graph, round_bit_pattern, rounded_bits
 from quant.ops import op_spec
 from quant.ranges import overflow_risks, widen_to_proven
@@ -71,9 +72,10 @@ def _slice(
     return args[0][(*lead, *node.attrs["index"])]
 
 
+CLIENT_PROGRAM = "program"  # program.json + program.safetensors in the client artifact
+
 # The TFHE lowering of every op whose spec (quant.ops) is not traceable as it stands: Concrete
-# tracers
-# carry no batch axes, lookups become fhe.univariate, encrypted products quarter squares.
+# tracers carry no batch axes, lookups become fhe.univariate, encrypted products quarter squares.
 TFHE_LOWERINGS = {
     "lut": _lut,
     "mul": lambda node, args, src, exact: _product(node, args),
@@ -361,6 +363,7 @@ class TfheBackend:
         (server / "meta.json").write_text(meta)
         self.circuit.client.save(client / "client.zip")
         (client / "meta.json").write_text(meta)
+        save_graph(self.graph, client / CLIENT_PROGRAM)  # the client's overflow check
         if include_secret_key:
             self._require_keys()
             (client / "keys.bin").write_bytes(self.circuit.keys.serialize())
@@ -411,6 +414,16 @@ class TfheClient:
         self.client = fhe.Client.load(directory / "client.zip")
         self.client.keys = fhe.Keys.deserialize((directory / "keys.bin").read_bytes())
         self.meta = json.loads((directory / "meta.json").read_text())
+        program = directory / CLIENT_PROGRAM
+        # artifacts of earlier versions carry no program: their inputs cannot be checked
+        self.program = load_graph(program) if program.with_suffix(".json").exists() else None
+
+    def overflowing(self, x_int: np.ndarray) -> dict[str, int] | None:
+        """Nodes (and entry counts) that ``x_int`` pushes outside their calibrated widths, from
+        the clear program this artifact carries (``None``: an artifact without one)."""
+        if self.program is None:
+            return None
+        return self.program.run(np.asarray(x_int, dtype=np.int64), "clip")[1]
 
     def encrypt(self, x_int: np.ndarray) -> bytes:
         return self.client.encrypt(np.asarray(x_int, dtype=np.int64)).serialize()

@@ -20,12 +20,18 @@ from pathlib import Path
 import numpy as np
 
 from fhe import wire
-from fhe.errors import FheError
+from fhe.errors import FheError, InputOverflowError
 from quant.quantizer import Quantizer, decode_output
 
 
 class ServiceError(FheError):
-    """The service answered with an error (its status and message are in the text)."""
+    """The service answered with an error (its status and message are in the text;
+    ``retry_after_s`` is set when the service said when to retry: 429 and 503)."""
+
+    def __init__(self, message: str, status: int = 0, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,8 @@ class Prediction:
     logits: np.ndarray
     round_trip_s: float  # encrypt + upload + server + download + decrypt
     server_s: float  # what the server spent computing (its X-Server-Seconds header)
+    queue_s: float = 0.0  # what the request waited for a free worker (X-Queue-Seconds)
+    warnings: tuple[str, ...] = ()
 
 
 def quantize_input(meta: dict, x: np.ndarray) -> np.ndarray:
@@ -50,10 +58,17 @@ def dequantize_output(meta: dict, y: np.ndarray) -> np.ndarray:
 
 class Client:
     def __init__(
-        self, client_dir: str | Path, url: str | None = None, timeout_s: float = 3600.0
+        self,
+        client_dir: str | Path,
+        url: str | None = None,
+        timeout_s: float = 3600.0,
+        token: str | None = None,
+        allow_overflow: bool = False,
     ) -> None:
         """``url``: the service; without one the client only encrypts and decrypts (e.g. for `fhe
-        batch`)."""
+        batch`). ``token``: the service's API token (``fhe serve-token``). ``allow_overflow``
+        (TFHE): encrypt inputs outside the calibrated bit widths anyway, with a warning, instead of
+        refusing them (:class:`~fhe.errors.InputOverflowError`)."""
         import httpx
 
         client_dir = Path(client_dir)
@@ -66,8 +81,16 @@ class Client:
 
             self.scheme, self.local = "tfhe", TfheClient(client_dir)
         self.meta = self.local.meta
-        self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s) if url else None
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.http = (
+            httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s, headers=headers)
+            if url
+            else None
+        )
         self.key_id: str | None = None
+        self.allow_overflow = allow_overflow
+        self.warnings: list[str] = []
+        self.last_queue_s = 0.0
 
     # ----------------------------------------------------------------------------------- keys
     def public_keys(self) -> bytes:
@@ -82,7 +105,10 @@ class Client:
             return self.key_id
         blob = self.public_keys()
         key_id = hashlib.sha256(blob).hexdigest()
-        if self.http.get(f"/keys/{key_id}").status_code != 204:
+        held = self.http.get(f"/keys/{key_id}")
+        if held.status_code not in (204, 404):
+            _raise_for(held)
+        if held.status_code == 404:
             resp = self.http.put("/keys", content=blob, headers={"content-type": wire_type()})
             _raise_for(resp)
             key_id = resp.json()["key_id"]
@@ -98,8 +124,34 @@ class Client:
                 + (" (one sample)" if self.scheme == "tfhe" else " per sample")
             )
         if self.scheme == "tfhe":
-            return wire.pack([self.local.encrypt(quantize_input(self.meta, x))])
+            x_int = quantize_input(self.meta, x)
+            self.check_input(x_int)
+            return wire.pack([self.local.encrypt(x_int)])
         return wire.pack(self.local.to_wire(self.local.encrypt(np.asarray(x, dtype=np.float64))))
+
+    def check_input(self, x_int: np.ndarray) -> None:
+        """Refuses (:class:`~fhe.errors.InputOverflowError`) an encoded TFHE input that would take
+        a value outside a calibrated bit width, where the circuit wraps around and the answer would
+        be wrong; with ``allow_overflow`` it is encrypted anyway and a warning is recorded."""
+        clipped = self.local.overflowing(x_int)
+        if clipped is None:
+            self.warnings.append(
+                "warning: this client artifact carries no program (made by an earlier version), "
+                "so inputs outside the calibrated widths cannot be refused; compile it again"
+            )
+            return
+        if not clipped:
+            return
+        first = next(iter(clipped))
+        message = (
+            f"this input takes {sum(clipped.values())} value(s) in {len(clipped)} node(s) outside "
+            f"their calibrated bit widths, first {first!r}; encrypted, they would wrap around and "
+            "the result would be wrong. Compile with --ranges proven or calibrate on data like "
+            "this input (--calib)"
+        )
+        if not self.allow_overflow:
+            raise InputOverflowError(message + ", or pass allow_overflow=True (--allow-overflow).")
+        self.warnings.append("warning: " + message + "; encrypted anyway (--allow-overflow).")
 
     def decrypt(self, payload: bytes) -> np.ndarray:
         items = wire.unpack(payload)
@@ -108,18 +160,30 @@ class Client:
         return self.local.decrypt(self.local.from_wire(items))
 
     def infer(self, payload: bytes) -> tuple[bytes, float]:
-        resp = self.http.post(
+        """The encrypted answer and the server's compute seconds. Keys the server no longer holds
+        (evicted, or found damaged and set aside: 404, 409) are uploaded again, once."""
+        resp = self._post(payload)
+        if resp.status_code in (404, 409):
+            self.key_id = None
+            resp = self._post(payload)
+        _raise_for(resp)
+        self.last_queue_s = float(resp.headers.get("x-queue-seconds", "0"))
+        return resp.content, float(resp.headers.get("x-server-seconds", "nan"))
+
+    def _post(self, payload: bytes):
+        return self.http.post(
             f"/infer/{self.upload_keys()}", content=payload, headers={"content-type": wire_type()}
         )
-        _raise_for(resp)
-        return resp.content, float(resp.headers.get("x-server-seconds", "nan"))
 
     def predict(self, x: np.ndarray) -> Prediction:
         self.upload_keys()
+        self.warnings = []
         start = time.perf_counter()
         out, server_s = self.infer(self.encrypt(x))
         logits = self.decrypt(out)
-        return Prediction(logits, time.perf_counter() - start, server_s)
+        return Prediction(
+            logits, time.perf_counter() - start, server_s, self.last_queue_s, tuple(self.warnings)
+        )
 
     def describe(self) -> dict:
         resp = self.http.get("/model")
@@ -138,4 +202,9 @@ def _raise_for(resp) -> None:
         detail = json.loads(resp.text).get("detail", resp.text)
     except ValueError:
         detail = resp.text
-    raise ServiceError(f"server answered {resp.status_code}: {detail}")
+    retry = resp.headers.get("retry-after")
+    raise ServiceError(
+        f"server answered {resp.status_code}: {detail}",
+        resp.status_code,
+        float(retry) if retry and retry.replace(".", "", 1).isdigit() else None,
+    )

@@ -59,16 +59,12 @@ class TfheRuntime:
         self.meta = json.loads((folder / "meta.json").read_text())
         self.server = fhe.Server.load(folder / "server.zip")
         # Concrete aborts the process when it bootstraps with keys made for other parameters, so
-        # keys are
-        # checked against the size of the keys this circuit was compiled with before they are
-        # accepted
+        # keys are checked against the size of this circuit's own keys before they are accepted
         keys = folder / "evaluation_keys.bin"
         self.expected_key_bytes = (
             keys.stat().st_size if keys.exists() else self.meta.get("evaluation_keys_bytes")
         )
-        self._lock = (
-            threading.Lock()
-        )  # one circuit execution at a time (it already uses every core)
+        self._lock = threading.Lock()  # one execution at a time (it already uses every core)
 
     def describe(self) -> dict:
         keep = (
@@ -97,7 +93,16 @@ class TfheRuntime:
                 f"evaluation keys of {len(blob)} bytes; this circuit's are "
                 f"{self.expected_key_bytes} bytes: keys made for another circuit or parameters"
             )
-        return self.load_keys(blob)
+        keys = self.load_keys(blob)
+        # Concrete reads a prefix it understands and ignores the rest: another circuit's keys padded
+        # to this size deserialise, then abort the process in a keyswitch. Whole, canonical keys
+        # serialise back to exactly the bytes received.
+        if keys.serialize() != blob:
+            raise KeysError(
+                "these bytes are not one whole Concrete key set (they do not serialise back to "
+                "themselves): keys made for another circuit, padded or altered"
+            )
+        return keys
 
     def load_keys(self, blob: bytes):
         try:
