@@ -70,6 +70,11 @@ def read_tokens(path: str | Path) -> list[Tenant]:
         raise BadOptionError(
             f"{path} is not a tokens file ({{'tokens': [{{'name', 'token_sha256', ...}}]}}): {exc}"
         ) from exc
+    _check_tenants(path, tenants)
+    return tenants
+
+
+def _check_tenants(path: Path, tenants: list[Tenant]) -> None:
     names = [t.name for t in tenants]
     for t in tenants:
         if not TENANT.match(t.name) or t.name == ANONYMOUS:
@@ -78,7 +83,6 @@ def read_tokens(path: str | Path) -> list[Tenant]:
             raise BadOptionError(f"{path}: {t.name}'s token_sha256 is not a SHA-256 hex digest")
     if len(set(names)) != len(names):
         raise BadOptionError(f"{path}: tenant names repeat")
-    return tenants
 
 
 def add_token(
@@ -95,9 +99,7 @@ def add_token(
         raise BadOptionError(f"{path} already has a tenant {name!r}")
     token = secrets.token_urlsafe(32)
     tenants.append(Tenant(name, token_hash(token), max_store_mb, requests_per_minute))
-    for t in tenants:  # validates the name like read_tokens does
-        if not TENANT.match(t.name) or t.name == ANONYMOUS:
-            raise BadOptionError(f"tenant name {t.name!r} must match {TENANT.pattern}")
+    _check_tenants(path, tenants)
     path.write_text(json.dumps({"tokens": [asdict(t) for t in tenants]}, indent=2) + "\n")
     path.chmod(0o600)
     return token

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -158,7 +157,3 @@ class KeyStore:
         bytes."""
         (self.quarantined / key_id).write_text(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {reason}\n")
         self.path(tenant, key_id).unlink(missing_ok=True)
-
-    def clear_spool(self) -> None:
-        shutil.rmtree(self.spool, ignore_errors=True)
-        self.spool.mkdir(exist_ok=True)

@@ -120,6 +120,14 @@ class _Gate:
             self.inside -= 1
 
 
+def _wrong_key_size(got: int, expected: int) -> HTTPException:
+    return HTTPException(
+        400,
+        f"evaluation keys of {got} bytes; this circuit's are {expected} bytes: keys made for "
+        "another circuit or parameters",
+    )
+
+
 def create_app(
     artifact: str | Path, keys_dir: str | Path | None = None, config: ServeConfig | None = None
 ) -> FastAPI:
@@ -175,11 +183,7 @@ def create_app(
                 413, f"body of {declared} bytes is over this server's limit of {limit} bytes"
             )
         if exact is not None and declared.isdigit() and int(declared) != exact:
-            raise HTTPException(
-                400,
-                f"evaluation keys of {declared} bytes; this circuit's are {exact} bytes: keys "
-                "made for another circuit or parameters",
-            )
+            raise _wrong_key_size(int(declared), exact)
 
     async def spool(request: Request, limit: int, suffix: str) -> Path:
         """The body, streamed to a spool file as it arrives (413 as soon as it passes ``limit``)."""
@@ -226,11 +230,7 @@ def create_app(
         path = await spool(request, expected_keys or limit, "keys")
         try:
             if expected_keys is not None and path.stat().st_size != expected_keys:
-                raise HTTPException(
-                    400,
-                    f"evaluation keys of {path.stat().st_size} bytes; this circuit's are "
-                    f"{expected_keys} bytes: keys made for another circuit or parameters",
-                )
+                raise _wrong_key_size(path.stat().st_size, expected_keys)
             key_id = await run_in_threadpool(file_sha256, path)
             if store.is_quarantined(key_id):
                 raise HTTPException(410, f"key id {key_id} is quarantined; make new keys")

@@ -75,6 +75,11 @@ def _child(conn, artifact: str, keys_in_memory: int, threads: int | None) -> Non
     loaded: OrderedDict[str, object] = OrderedDict()
     conn.send({"ready": True})
 
+    def remember(key_id: str, keys) -> None:
+        loaded[key_id] = keys
+        while len(loaded) > keys_in_memory:
+            loaded.popitem(last=False)
+
     def keys_at(key_id: str, path: str) -> tuple[object, float]:
         if key_id in loaded:
             loaded.move_to_end(key_id)
@@ -83,11 +88,8 @@ def _child(conn, artifact: str, keys_in_memory: int, threads: int | None) -> Non
         blob = Path(path).read_bytes()
         if hashlib.sha256(blob).hexdigest() != key_id:
             raise Damaged(f"stored keys {key_id} no longer hash to their id")
-        keys = runtime.load_keys(blob)
-        loaded[key_id] = keys
-        while len(loaded) > keys_in_memory:
-            loaded.popitem(last=False)
-        return keys, time.perf_counter() - start
+        remember(key_id, runtime.load_keys(blob))
+        return loaded[key_id], time.perf_counter() - start
 
     while True:
         try:
@@ -96,11 +98,7 @@ def _child(conn, artifact: str, keys_in_memory: int, threads: int | None) -> Non
             return
         try:
             if job["op"] == "check":
-                blob = Path(job["keys"]).read_bytes()
-                keys = runtime.check_keys(blob)
-                loaded[job["key_id"]] = keys
-                while len(loaded) > keys_in_memory:
-                    loaded.popitem(last=False)
+                remember(job["key_id"], runtime.check_keys(Path(job["keys"]).read_bytes()))
                 conn.send({"ok": True})
             elif job["op"] == "run":
                 keys, keys_s = keys_at(job["key_id"], job["keys"])
@@ -151,10 +149,6 @@ class _Child:
                 else f"exit status {code}"
             )
             raise Crashed(f"the worker process died ({reason})") from None
-
-    @property
-    def alive(self) -> bool:
-        return self.process.is_alive()
 
     def stop(self) -> None:
         self.conn.close()
@@ -228,10 +222,6 @@ class WorkerPool:
             }
         )
         return Timings(reply["queue_s"], reply["keys_s"], reply["compute_s"])
-
-    def pids(self) -> list[int]:
-        with self._cv:
-            return [c.process.pid for c in self._idle]
 
     def close(self) -> None:
         with self._cv:

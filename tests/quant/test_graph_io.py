@@ -7,29 +7,15 @@ import json
 import numpy as np
 import pytest
 import torch
+from test_export import tiny  # the export tests' small model (tests/quant is on sys.path)
 
-from models import AttentionKind, Transformer, TransformerConfig
+from models import AttentionKind
 from quant import QuantConfig, export
 from quant.graph_io import load_graph, save_graph
 
 
 def _program(kind: AttentionKind):
-    model = (
-        Transformer(
-            TransformerConfig(
-                seq_len=4,
-                in_features=5,
-                n_outputs=3,
-                attention=kind,
-                d_model=8,
-                n_heads=2,
-                norm="none",
-                dct_n_bar=3,
-            )
-        )
-        .double()
-        .eval()
-    )
+    model = tiny(kind, seq_len=4)
     calib = torch.rand(128, 4, 5, dtype=torch.float64)
     return export(model, calib, QuantConfig(n_bits=5, rounding_bits=1))
 
