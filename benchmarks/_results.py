@@ -8,12 +8,14 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parents[1]
 
 
 def command_line() -> str:
-    return "python " + " ".join(
-        [Path(sys.argv[0]).as_posix().split("/work/main/")[-1], *sys.argv[1:]]
-    )
+    """The command that reran this script, from the repository's root (no machine's paths)."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else Path(script.name)
+    return "python " + " ".join([shown.as_posix(), *sys.argv[1:]])
 
 
 def write_results(stem: str, markdown_lines: list[str], data) -> dict[str, Path]:

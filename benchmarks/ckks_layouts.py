@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._results import command_line, write_results  # noqa: E402
-from fhe.backends.ckks import make_context  # noqa: E402
+from fhe.ckks.backend import make_context  # noqa: E402
 
 
 def context(n: int, depth: int, galois: bool):

@@ -25,8 +25,8 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._results import RESULTS, command_line, write_results  # noqa: E402
-from fhe.backends.ckks import CkksArith, decrypt_all, make_context, refresher  # noqa: E402
 from fhe.ckks.arith import ClearArith, Val  # noqa: E402
+from fhe.ckks.backend import CkksArith, decrypt_all, make_context, refresher  # noqa: E402
 from fhe.ckks.planner import plan_parameters  # noqa: E402
 from fhe.ckks.softmax import KERNELS, SoftmaxKernel  # noqa: E402
 

@@ -11,7 +11,7 @@ integer program's on the test split (360 digits); one row per seed, then the mea
     python benchmarks/digits_design_sweep.py --variants tied,tied-a4 --seeds 0,1,2
 
 The machine's load does not enter these figures: complexity and parameters are deterministic for a
-given program; the estimated latency is complexity times one constant (fhe/tfhe_recipe.py).
+given program; the estimated latency is complexity times one constant (fhe/tfhe/recipe.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from benchmarks.mnist_qat_schedule import _cost, _param_text  # noqa: E402
 from quant import QuantConfig  # noqa: E402
 
 # The quantization every variant changes: the TFHE recipe before this sweep, with the head per
-# token pooled by the client (fhe/tfhe_recipe.py's DEFAULT_QUANT is "fold-qkv-lut4" below)
+# token pooled by the client (fhe/tfhe/recipe.py's DEFAULT_QUANT is "fold-qkv-lut4" below)
 BASE = QuantConfig(
     n_bits=6,
     weight_bits=4,

@@ -38,8 +38,8 @@ def edge_inputs(shape: tuple[int, ...], lo: int, hi: int) -> dict[str, np.ndarra
 
 
 def measure(graph, calib_ints, input_range, ranges: str) -> dict:
-    from fhe.backends.tfhe import TfheBackend
     from fhe.schemes import TfheParams
+    from fhe.tfhe.backend import TfheBackend
 
     start = time.perf_counter()
     backend = TfheBackend.compile(
@@ -94,7 +94,7 @@ def circuit_rows(seq_len: int) -> list[dict]:
 def model_rows() -> list[dict]:
     import torch
 
-    from fhe.tfhe_recipe import DEFAULT_QUANT
+    from fhe.tfhe.recipe import DEFAULT_QUANT
     from models.tasks import load_task
     from models.training import TrainConfig, config_for_task, train
     from quant import export

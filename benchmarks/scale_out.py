@@ -31,7 +31,7 @@ FHE = str(Path(sys.executable).with_name("fhe"))
 
 
 def tfhe_artifact(tmp: Path) -> tuple[Path, np.ndarray]:
-    from fhe.tfhe_recipe import DEFAULT_QUANT
+    from fhe.tfhe.recipe import DEFAULT_QUANT
     from models.tasks import load_task
     from models.training import TrainConfig, config_for_task, save_checkpoint, train
     from quant.program_qat import train_program

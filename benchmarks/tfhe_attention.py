@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fhe.cli import main  # noqa: E402
+from fhe_cli import main  # noqa: E402
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -17,7 +17,7 @@ parallelism modes.
 With ``--model`` the first kind is that checkpoint (its recorded quantization) and nothing is
 trained: the report then has no accuracy table (the encrypted table has the program's clear
 accuracy). ``--recipe`` overrides the task's recipe (e.g. the 16-token MNIST recipe of earlier
-results, README "MNIST").
+results, docs/tfhe.md "MNIST").
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ RECIPES = {  # model size, tokenisation, training and quantization (over the TFH
         quant=dict(n_bits=5),
     ),
     # MNIST as 4 tokens of 14x14 pixels (benchmarks/results/tfhe_model_mnist_4tokens.md): 16
-    # tokens of 7x7 (README, "MNIST") pay T² = 256 attention lookups per feature, ~2100 s estimated
+    # tokens of 7x7 (docs/tfhe.md) pay T² = 256 attention lookups per feature, ~2100 s estimated
     # per sample for a 96.7% program; 4 tokens with d_model 24: a 98.05% float model, a 97.6%
     # program, ~160 s. Wider attention than the digits defaults: 6-bit Q/K/V (3-bit: 26% after
     # PTQ), 7-bit activations, 6-bit weights, every lookup (the attention's too) rounded to 6 bits
@@ -81,7 +81,7 @@ RECIPES = {  # model size, tokenisation, training and quantization (over the TFH
 
 
 def recipe_quant(task: str):
-    from fhe.tfhe_recipe import DEFAULT_QUANT
+    from fhe.tfhe.recipe import DEFAULT_QUANT
 
     return DEFAULT_QUANT.replace(**RECIPES[task].get("quant", {}))
 
@@ -157,7 +157,7 @@ def measure(spec: dict) -> dict:
     encrypted samples, simulate the test split. Runs in a child process."""
     from fhe.harness import compile_model
     from fhe.schemes import TfheParams
-    from fhe.tfhe_recipe import estimated_latency_s, resolve_quant
+    from fhe.tfhe.recipe import estimated_latency_s, resolve_quant
     from models.tasks import load_task_of
     from models.training import load_checkpoint
 

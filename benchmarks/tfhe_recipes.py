@@ -4,7 +4,7 @@ cost.
 For each candidate (model shape x quantization), train the float model and fine-tune it through its
 integer program (``fhe train --qat-bits 6``) for every seed, then compile the seed-0 model
 (simulation only: no keys) and read its PBS count, Concrete's complexity as an estimated latency on
-this machine (``fhe/tfhe_recipe.py``, within ~10% of measured runs) and the evaluation-key size.
+this machine (``fhe/tfhe/recipe.py``, within ~10% of measured runs) and the evaluation-key size.
 Measured latencies of the chosen recipe are in ``tfhe_model.md``.
 
     python benchmarks/tfhe_recipes.py --seeds 5
@@ -37,7 +37,7 @@ CANDIDATES = [  # label, model overrides, quantization overrides (on the TFHE de
 def main() -> None:
     from fhe.harness import compile_model
     from fhe.schemes import TfheParams
-    from fhe.tfhe_recipe import DEFAULT_QUANT
+    from fhe.tfhe.recipe import DEFAULT_QUANT
     from models.tasks import load_task
     from models.training import TrainConfig, config_for_task, train
     from quant.config import DEFAULT_CALIB_SAMPLES

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from fhe.schemes import Scheme
+
 
 def parse_seq_lens(text: str) -> list[int]:
     try:
@@ -39,7 +41,7 @@ def study(
     """Sweep ``variants`` (None: the scheme's default set) over ``seq_lens``; returns the written
     paths. Raises ValueError for variants the scheme does not know."""
     progress = progress or (lambda _: None)
-    if scheme == "ckks":
+    if Scheme(scheme) is Scheme.CKKS:
         from circuits import ckks_sweep
 
         kinds = variants or list(ckks_sweep.KINDS)

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from circuits.attention import CircuitSpec, Variant, build
-from fhe.backends.tfhe import TfheBackend
 from fhe.schemes import TfheParams
+from fhe.tfhe.backend import TfheBackend
 from quant.config import QuantConfig
 
 

@@ -215,9 +215,9 @@ class CompiledModel:
 
 def locate_divergence(compiled: CompiledModel, calib_x, check: SimulationCheck):
     """The first node whose simulated value differs from the clear program on the first sample
-    ``check`` found unequal (:mod:`fhe.divergence`); None when the check was exact or no prefix
+    ``check`` found unequal (:mod:`fhe.tfhe.divergence`); None when the check was exact or no prefix
     reproduces it."""
-    from fhe.divergence import first_divergence
+    from fhe.tfhe.divergence import first_divergence
 
     if check.first_mismatch is None:
         return None

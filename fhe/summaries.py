@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from fhe.schemes import Scheme
+
 
 def format_report(rep: dict) -> str:
     """``CompiledModel.report()`` as aligned rows, then the per-stage table (TFHE) or levels
     (CKKS)."""
-    return format_tfhe_report(rep) if rep["scheme"] == "tfhe" else format_ckks_report(rep)
+    return (
+        format_tfhe_report(rep) if Scheme(rep["scheme"]) is Scheme.TFHE else format_ckks_report(rep)
+    )
 
 
 def _rows(rows: list[tuple[str, object]]) -> list[str]:

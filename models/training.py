@@ -14,10 +14,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from models.attention.power_softmax import activation_range_loss, range_loss, set_range_tracking
 from models.config import TransformerConfig
+from models.progress import progress_bar
 from models.tasks import Metric, TaskData, score
 from models.transformer import Transformer
 
@@ -108,10 +108,10 @@ def train(
     thresholds = (train_config.range_threshold, train_config.act_range_threshold)
     set_range_tracking(model, use_range, *thresholds)
     history: list[dict] = []
-    bar = tqdm(
+    bar = progress_bar(
+        progress,
         total=steps,
         desc=f"train {task.name}/{model_config.attention.value}",
-        disable=not progress,
         leave=False,
         unit="step",
     )

@@ -4,7 +4,7 @@ A spec is the one place an op's meaning lives: its semantics on integer arrays (
 ``quant.ir``), how many programmable bootstraps it costs under TFHE (the estimate and the reports),
 whether it is layout only, and whether its numpy spelling also runs on Concrete tracers (then the
 TFHE lowering is the same function). Backends keep their own per-op lowering tables (the TFHE one in
-``fhe/backends/tfhe.py``, the interval rules in ``quant/ranges.py``) keyed by these names, and a
+``fhe/tfhe/backend.py``, the interval rules in ``quant/ranges.py``) keyed by these names, and a
 test checks every spec has both. Adding an op: register a spec here, a lowering there, an interval
 rule.
 

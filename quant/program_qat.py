@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from models.fold import fold_norms
+from models.progress import progress_bar
 from models.tasks import TaskData
 from models.training import TrainConfig, seed_everything
 from models.transformer import Transformer
@@ -92,10 +92,10 @@ def train_program(
     loss_fn = task.loss_fn()
     g = torch.Generator().manual_seed(train_config.seed)
     history: list[dict] = []
-    bar = tqdm(
+    bar = progress_bar(
+        progress,
         total=steps,
         desc=f"program QAT {quant.n_bits} bits",
-        disable=not progress,
         leave=False,
         unit="step",
     )

@@ -38,13 +38,6 @@ def fhe(command: str, *paths: str) -> None:
     subprocess.run([str(Path(sys.executable).with_name("fhe")), *args], check=True)
 
 
-POLY_RECIPE = (
-    "--task digits --attention power-softmax --norm batchnorm --power-form length-agnostic "
-    "--d-model 16 --heads 2 --range-loss 0.1 --range-threshold 1.0 --act-range-loss 0.05 "
-    "--act-range-threshold 3"
-)
-
-
 def main() -> None:
     RUNS.mkdir(exist_ok=True)
     model = str(RUNS / "digits-inhibitor.pt")
@@ -52,21 +45,14 @@ def main() -> None:
         str(RUNS / "digits-inhibitor-tfhe.json"),
         str(RUNS / "digits-inhibitor-tfhe"),
     )
-    fhe(
-        "train --task digits --patch 4 --attention inhibitor --d-model 16 --heads 1 --epochs 60 "
-        "--qat-bits 5 --qat-epochs 100 -o",
-        model,
-    )
+    fhe("train --task digits --recipe tfhe -o", model)  # fhe/api/recipes.py
     fhe("compile --scheme tfhe", model, "--json", tfhe_json, "--out", tfhe_art)
     fhe("run --sample 1", tfhe_art)
     fhe("compare --scheme tfhe --mode simulate --n 360", model)
     fhe(f"compare --scheme tfhe --mode execute --n {N_ENCRYPTED}", model)
 
     poly = str(RUNS / "digits-power-softmax-bn.pt")
-    fhe(
-        f"train {POLY_RECIPE} --ffn-activation quad --power-p 2 --power-eps 1.0 --epochs 120 -o",
-        poly,
-    )
+    fhe("train --task digits --recipe ckks -o", poly)
     ckks = "--scheme ckks --outer-bits 45 --scale-bits 34 --reciprocal-tol 5e-2"
     fhe(f"compile {ckks} --json", str(RUNS / "digits-power-softmax-packed.json"), poly)
     fhe(f"compare {ckks} --mode execute --n 360", poly)

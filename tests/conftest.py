@@ -21,7 +21,7 @@ def _seed_everything():
 def _train_tiny(path, *extra: str):
     from click.testing import CliRunner
 
-    from fhe.cli import main
+    from fhe_cli import main
 
     res = CliRunner().invoke(
         main,

@@ -5,7 +5,7 @@ import json
 import torch
 from click.testing import CliRunner
 
-from fhe.cli import main
+from fhe_cli import main
 from models.tasks import load_task
 from models.training import evaluate, load_checkpoint
 from models.transformer import Transformer
@@ -160,3 +160,27 @@ def test_qat_quant_sets_the_recorded_quantization_and_refuses_bad_fields(tmp_pat
         assert res.exit_code == 2 and message in res.output, (bad, res.output)
     res = CliRunner().invoke(main, [*small, "--qat-quant", '{"weight_bits": 5}'])
     assert res.exit_code == 2 and "--qat-bits" in res.output
+
+
+def test_a_recipe_fills_the_options_left_at_their_defaults():
+    from fhe import api
+    from fhe.api.recipes import RECIPES, Recipe
+
+    recipe = RECIPES["digits", Recipe.TFHE]
+    req = api.with_recipe(api.TrainRequest(task="digits", recipe="tfhe", epochs=3))
+    assert req.epochs == 3  # given: kept
+    assert (req.patch, req.d_model, req.heads, req.qat_bits) == (
+        recipe["patch"],
+        recipe["d_model"],
+        recipe["heads"],
+        recipe["qat_bits"],
+    )
+    ckks = api.with_recipe(api.TrainRequest(task="digits", recipe="ckks"))
+    assert (ckks.attention, ckks.power_p, ckks.ffn_activation) == ("power-softmax", 2, "quad")
+
+
+def test_a_recipe_that_does_not_exist_is_a_usage_error(tmp_path):
+    res = CliRunner().invoke(
+        main, ["train", "--task", "adding", "--recipe", "tfhe", "-o", str(tmp_path / "m.pt")]
+    )
+    assert res.exit_code == 2 and "no tfhe recipe for task 'adding'" in res.output

@@ -44,8 +44,8 @@ def _graph(n_in: int = 4, rounding: int = 3, calib_high: int = 16) -> Graph:
 
 
 def _tfhe_artifact(path: Path, n_in: int = 4, rounding: int = 3, calib_high: int = 16) -> Graph:
-    from fhe.backends.tfhe import TfheBackend
     from fhe.harness import save_artifacts
+    from fhe.tfhe.backend import TfheBackend
 
     g = _graph(n_in, rounding, calib_high)
     calib = np.random.default_rng(1).integers(0, calib_high, size=(100, n_in))
@@ -174,6 +174,11 @@ def test_tfhe_round_trip_equals_the_clear_program(tfhe_art, tfhe_server):
         assert 0 < got.server_s <= got.round_trip_s
 
 
+@pytest.mark.attack(
+    what="a CKKS context that still holds its secret key, uploaded",
+    answer="400 'secret key'",
+    kept="the served answers match the clear program",
+)
 def test_ckks_round_trip_matches_the_clear_program(ckks_art):
     root, cm = ckks_art
     served = Served(root / "a")
@@ -230,6 +235,14 @@ def test_packed_ckks_round_trip_matches_the_clear_program(packed_art):
         served.stop()
 
 
+@pytest.mark.attack(
+    what=(
+        "unknown key id, wrong content type, truncated / garbage payloads, a ciphertext or keys "
+        "for another circuit, a body over the limit"
+    ),
+    answer="404, 415, 400, 400, 400, 413, each with a `detail`",
+    kept="the client's next answer equals the clear program",
+)
 def test_bad_requests_get_4xx_with_a_message(tfhe_art, tfhe_server):
     root, _ = tfhe_art
     url = tfhe_server.url
@@ -312,6 +325,11 @@ def test_uploaded_keys_survive_a_restart(tfhe_art, tmp_path):
         served.stop()
 
 
+@pytest.mark.attack(
+    what="`fhe serve` pointed at a folder holding a secret key",
+    answer="refused at start (non-zero exit, no traceback)",
+    kept="n/a",
+)
 def test_serve_refuses_a_folder_holding_a_secret_key(tfhe_art, tmp_path):
     root, _ = tfhe_art
     res = subprocess.run(

@@ -1,7 +1,7 @@
 """Exit codes tell the truth after an encrypted run (pytest, and the `fhe` console script).
 
 Once concrete-python 2.11 has run an encrypted circuit, a process's normal shutdown exits 0 whatever
-status it was given; tests/conftest.py and ``fhe.cli.entry`` leave with ``os._exit`` instead.
+status it was given; tests/conftest.py and ``fhe_cli.entry`` leave with ``os._exit`` instead.
 """
 
 import os

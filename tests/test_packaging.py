@@ -60,7 +60,7 @@ def test_a_wheel_holds_every_package_and_runs_outside_the_checkout(tmp_path):
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]); import fhe, fhe.api, fhe.deploy.server; "
         "assert fhe.__file__.startswith(sys.argv[1]), fhe.__file__; "
-        "from fhe.cli import main; main(['--help'])"
+        "from fhe_cli import main; main(['--help'])"
     )
     res = subprocess.run(
         [sys.executable, "-P", "-c", probe, str(target)],

@@ -19,9 +19,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_deploy import FHE, OCTET, Served, _tfhe_artifact
+from test_deploy import ckks_art as ckks_art  # a fixture, shared
 
 from fhe import wire
 from fhe.deploy.access import add_token
@@ -70,6 +72,17 @@ def _raw(port: int, head: str) -> tuple[int, str]:
     return status, data.split(b"\r\n\r\n", 1)[1].decode(errors="replace")
 
 
+@pytest.mark.attack(
+    what=(
+        "another circuit's TFHE keys padded with zeros to this circuit's size; the same bytes "
+        "planted in the store, then /infer (a real SIGSEGV in Concrete's keyswitch)"
+    ),
+    answer=(
+        "400 at upload; planted: 500 (the worker died, the server did not), then 410 "
+        "(quarantined), still 410 after a restart and at upload"
+    ),
+    kept="another client's keys answer right after the crash",
+)
 def test_foreign_keys_padded_to_size_are_refused_and_planted_ones_crash_only_a_worker(
     arts, tmp_path
 ):
@@ -103,6 +116,11 @@ def test_foreign_keys_padded_to_size_are_refused_and_planted_ones_crash_only_a_w
         served.stop()
 
 
+@pytest.mark.attack(
+    what="64 flipped bytes in a stored key file, server restarted",
+    answer="409 'upload your keys again'; the file set aside; the client re-uploads by itself",
+    kept="the repaired file equals the original keys; the answer equals the clear program",
+)
 def test_damaged_stored_keys_are_set_aside_and_a_reupload_repairs_them(arts, tmp_path):
     root, graph = arts
     served = Served(root / "a", "--keys-dir", str(tmp_path / "keys"))
@@ -131,6 +149,11 @@ def test_damaged_stored_keys_are_set_aside_and_a_reupload_repairs_them(arts, tmp
         served.stop()
 
 
+@pytest.mark.attack(
+    what="kill -9 of the server in the middle of a chunked key upload, then a restart",
+    answer="the spool is swept at start",
+    kept="nothing half-written is stored",
+)
 def test_kill_9_during_an_upload_leaves_nothing_after_a_restart(arts, tmp_path):
     root, _ = arts
     keys_dir = tmp_path / "keys"
@@ -165,6 +188,13 @@ def test_kill_9_during_an_upload_leaves_nothing_after_a_restart(arts, tmp_path):
         served.stop()
 
 
+@pytest.mark.attack(
+    what=(
+        "headers announcing a 16 GiB body (unknown key id, known key id) and keys of the wrong size"
+    ),
+    answer="404 / 413 / 400 before a byte of the body is read",
+    kept="n/a (nothing stored)",
+)
 def test_bodies_are_refused_from_their_headers_before_they_are_read(arts, tmp_path):
     root, _ = arts
     served = Served(root / "a", "--keys-dir", str(tmp_path / "keys"), "--max-payload-mb", "1")
@@ -184,6 +214,52 @@ def test_bodies_are_refused_from_their_headers_before_they_are_read(arts, tmp_pa
         served.stop()
 
 
+@pytest.mark.attack(
+    what=(
+        "CKKS: a key upload announcing more than the artifact's key bound, and a chunked one of "
+        "zeros past it"
+    ),
+    answer="413 from the headers; 413 as the chunked body passes the bound",
+    kept="nothing stored; the real keys then answer within tolerance",
+)
+def test_ckks_keys_are_bounded_by_the_artifacts_own_key_size(ckks_art, tmp_path):
+    """CKKS keys have no exact size (compressed random polynomials), so the server bounds an
+    upload by its own public keys' size: over the bound is a 413 from the headers, or as soon as a
+    chunked body passes it, so no worker reads more than a real key set."""
+    root, cm = ckks_art
+    served = Served(root / "a", "--keys-dir", str(tmp_path / "keys"))
+    try:
+        client = Client(root / "a" / "client", served.url)
+        bound = client.describe()["max_key_bytes"]
+        own = len(client.public_keys())
+        assert own <= bound <= 1.05 * own + (2 << 20)
+        put = "PUT /keys HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+        status, body = _raw(served.port, put + f"Content-Length: {bound + 1}\r\n\r\n")
+        assert status == 413 and "limit" in body
+        zeros = (b"\0" * (1 << 20) for _ in range(bound // (1 << 20) + 2))  # no Content-Length
+        resp = httpx.put(served.url + "/keys", content=zeros, headers=OCTET, timeout=120)
+        assert resp.status_code == 413
+        assert not list((tmp_path / "keys").glob("*/*.bin"))
+        x = np.random.default_rng(3).standard_normal((8, 4, 3))
+        got = client.predict(x)  # real keys still go through
+        clear = cm.clear(x)
+        assert np.max(np.abs(got.logits - clear)) < 1e-3 * max(1.0, np.abs(clear).max())
+        assert _alive(served)
+    finally:
+        served.stop()
+
+
+@pytest.mark.attack(
+    what=(
+        "no token, a wrong token, another tenant's key id, a tenant over its quota, a burst over "
+        "its rate, /docs"
+    ),
+    answer="401, 401, 404 (as for a key that does not exist), 413, 429 with Retry-After, 404",
+    kept=(
+        "the owner's answers equal the clear program; LRU eviction only within the tenant's own "
+        "keys"
+    ),
+)
 def test_tokens_own_their_keys_and_meet_quotas_and_rates(arts, tmp_path):
     root, graph = arts
     tokens = tmp_path / "tokens.json"
@@ -221,6 +297,11 @@ def test_tokens_own_their_keys_and_meet_quotas_and_rates(arts, tmp_path):
         served.stop()
 
 
+@pytest.mark.attack(
+    what="`fhe serve --host 0.0.0.0` without --tokens",
+    answer="usage error (exit 2), nothing served",
+    kept="n/a",
+)
 def test_serve_refuses_an_open_host_without_tokens(arts):
     import subprocess
 
@@ -233,6 +314,14 @@ def test_serve_refuses_an_open_host_without_tokens(arts):
     assert res.returncode == 2 and "--tokens" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.attack(
+    what=(
+        "a slow body holding the only admission slot; then 16 concurrent clients against a queue "
+        "of 4"
+    ),
+    answer="503 with Retry-After; the rest answered",
+    kept="every answer equals the clear program",
+)
 def test_a_full_queue_answers_503_and_the_load_gets_only_right_answers(arts, tmp_path):
     root, graph = arts
     served = Served(root / "a", "--keys-dir", str(tmp_path / "keys"), "--queue", "0")
@@ -287,6 +376,11 @@ def test_a_full_queue_answers_503_and_the_load_gets_only_right_answers(arts, tmp
         served.stop()
 
 
+@pytest.mark.attack(
+    what="an input outside the calibrated widths, through the Python client",
+    answer="InputOverflowError (or, with allow_overflow, a warning)",
+    kept="n/a (refused before encryption)",
+)
 def test_every_path_refuses_an_input_that_would_overflow(arts):
     """A circuit calibrated on inputs 0-3: an input of 15s overflows a width (the circuit would wrap
     around where the clear program saturates), so the client refuses it, as fhe compare does."""
@@ -313,6 +407,11 @@ def fuzz_server(arts, tmp_path_factory):
     served.stop()
 
 
+@pytest.mark.attack(
+    what="40 random requests (hypothesis): methods, paths, key ids, bodies, content types",
+    answer="always < 500, always a `detail`",
+    kept="n/a",
+)
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     method=st.sampled_from(["GET", "PUT", "POST", "DELETE"]),
@@ -331,3 +430,39 @@ def test_random_requests_never_get_a_5xx(fuzz_server, method, path, suffix, body
     assert resp.status_code < 500, (method, path, suffix, resp.status_code, resp.text)
     if resp.status_code >= 400:
         assert "detail" in json.loads(resp.text)
+
+
+@pytest.fixture(scope="module")
+def docs_server(arts, tmp_path_factory):
+    served = Served(
+        arts[0] / "a",
+        *("--keys-dir", str(tmp_path_factory.mktemp("schema")), "--max-payload-mb", "1", "--docs"),
+    )
+    yield served
+    served.stop()
+
+
+@pytest.mark.attack(
+    what=(
+        "60 requests generated from the service's OpenAPI schema (schemathesis), valid and invalid"
+    ),
+    answer="never a 5xx; status codes, content types and bodies as the schema declares",
+    kept="n/a",
+)
+def test_generated_requests_hold_to_the_openapi_schema(docs_server):
+    """Requests generated from the service's own OpenAPI schema (schemathesis), every operation:
+    never a 5xx, every status code, content type and body as the schema declares them. Left out:
+    "schema-valid data is accepted", since the schema can say "bytes" but not "a key set or
+    ciphertexts made for this circuit", and random bytes must get a 400."""
+    schema = schemathesis.openapi.from_url(docs_server.url + "/openapi.json")
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=schema.as_strategy())
+    def check(case):
+        case.call_and_validate(
+            base_url=docs_server.url,
+            timeout=60,
+            excluded_checks=[schemathesis.checks.positive_data_acceptance],
+        )
+
+    check()

@@ -1,7 +1,8 @@
 """The library behind every ``fhe`` command: one call per command, the same from a notebook.
 
     from fhe import api
-    outcome = api.train_model(api.TrainRequest(task="digits", qat_bits=6)); outcome.save("model.pt")
+    outcome = api.train_model(api.TrainRequest(task="digits", recipe="tfhe"))
+    outcome.save("model.pt")
     c = api.compile_file("model.pt", api.CompileOptions(scheme="tfhe"))
     api.check_circuit(c); api.keygen(c); print(api.one_encrypted_sample(c).describe())
     print(api.compare_file("model.pt", api.CompileOptions(), n=360)["accuracy"])
@@ -37,12 +38,15 @@ from fhe.api.compile import (
     one_encrypted_sample,
     save_artifacts,
 )
+from fhe.api.recipes import Recipe, recipe_for
+from fhe.api.schemes import SchemeSteps, steps_for
 from fhe.api.train import (
     TrainOutcome,
     TrainRequest,
     load_model_and_task,
     quantize_file,
     train_model,
+    with_recipe,
 )
 
 __all__ = [
@@ -53,7 +57,9 @@ __all__ = [
     "CompileOptions",
     "LayoutChoice",
     "NoParametersError",
+    "Recipe",
     "SampleCheck",
+    "SchemeSteps",
     "TrainOutcome",
     "TrainRequest",
     "batch_artifact",
@@ -69,6 +75,9 @@ __all__ = [
     "read_input",
     "run_artifact",
     "save_artifacts",
+    "steps_for",
     "pick_test_sample",
+    "recipe_for",
     "train_model",
+    "with_recipe",
 ]

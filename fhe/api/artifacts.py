@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from fhe.errors import BadOptionError, FheError
+from fhe.schemes import Scheme
 
 
 # ------------------------------------------------------------------------------------------
@@ -31,7 +32,7 @@ class ArtifactRun:
         return int(np.asarray(self.logits).argmax())
 
     def describe(self) -> str:
-        scheme = ", CKKS" if self.scheme == "ckks" else ""
+        scheme = ", CKKS" if Scheme(self.scheme) is Scheme.CKKS else ""
         return (
             f"sample {self.sample}: label {self.label}, encrypted prediction {self.prediction} "
             f"({self.seconds:.1f} s{scheme}); logits {np.round(self.logits, 3).tolist()}"
@@ -82,7 +83,7 @@ def run_artifact(
     x, label = pick_test_sample(load_task_of_artifact(meta, data_dir), sample, meta["task"])
     local = client.local
     start = time.perf_counter()
-    if client.scheme == "tfhe":
+    if client.scheme is Scheme.TFHE:
         x_int = quantize_input(meta, x)
         client.check_input(x_int)  # the same refusal as fhe client and fhe compare
         logits = dequantize_output(meta, local.decrypt(server.run(local.encrypt(x_int))))
@@ -94,11 +95,11 @@ def run_artifact(
 
 
 def _open_server(scheme: str, folder: Path):
-    if scheme == "tfhe":
-        from fhe.backends.tfhe import TfheServer
+    if Scheme(scheme) is Scheme.TFHE:
+        from fhe.tfhe.backend import TfheServer
 
         return TfheServer(folder)
-    from fhe.backends.ckks_packed import open_server
+    from fhe.ckks.backend_packed import open_server
 
     return open_server(folder)
 
@@ -138,7 +139,7 @@ def batch_artifact(
     client = Client(artifact_dir / "client")
     data = load_task_of_artifact(client.meta, data_dir)
     x, y = data.x_test[:n].numpy(), data.y_test[:n].numpy()
-    if client.scheme == "tfhe":
+    if client.scheme is Scheme.TFHE:
         groups = list(x)
     else:
         size = block or -(-len(x) // max(1, workers))

@@ -3,83 +3,142 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from fhe.api._common import Echo
 from fhe.api._common import silent as _silent
+from fhe.api.schemes import SchemeSteps, steps_for
+from fhe.api.schemes.ckks import LayoutChoice, choose_layout
+from fhe.api.schemes.tfhe import CircuitMismatchError, NoParametersError
 from fhe.api.train import load_model_and_task
-from fhe.errors import BadOptionError, FheError
-from quant.config import DEFAULT_CALIB_SAMPLES
+from fhe.errors import BadOptionError
+from fhe.schemes import RANGES, Scheme
 
-CKKS_CALIB_SAMPLES = (
-    5000  # polynomials diverge outside their intervals: the intervals must cover the tails
-)
+__all__ = [
+    "CircuitMismatchError",
+    "Compilation",
+    "CompileOptions",
+    "LayoutChoice",
+    "NoParametersError",
+    "SampleCheck",
+    "check_circuit",
+    "choose_layout",
+    "compare_file",
+    "compile_file",
+    "keygen",
+    "one_encrypted_sample",
+    "save_artifacts",
+]
+
+SCHEMES = tuple(s.value for s in Scheme)
 
 
-class CircuitMismatchError(FheError):
-    """Concrete's simulation of the compiled circuit differs from the integer program it
-    compiles."""
-
-
-class NoParametersError(FheError):
-    """Concrete found no TFHE parameters for the program's widest lookup or product."""
-
-
-# -----------------------------------------------------------------------------------------
-# compiling
-TFHE_QUANT_OPTIONS = (
-    "n_bits",
-    "weight_bits",
-    "input_bits",
-    "attention_bits",
-    "rounding_bits",
-    "lut_bits",
-    "attention_lut_bits",
-    "range_mode",
-)
+def _opt(default, help: str, **extra):
+    """A field with the help text (and ``option`` name, ``choices``) its CLI option shows."""
+    return field(default=default, metadata={"help": help, **extra})
 
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """``fhe compile``/``fhe compare``'s options for either scheme. TFHE quantization options left
-    None take what the model file records (``fhe train --qat-bits``), else the TFHE defaults."""
+    """``fhe compile``/``fhe compare``'s options for either scheme, declared once: the CLI's options
+    are generated from these fields (their defaults and help). TFHE quantization options left None
+    take what the model file records (``fhe train --qat-bits``), else the TFHE defaults."""
 
-    scheme: str = "tfhe"
-    data_dir: Path | None = None
-    n_calib: int | None = None  # default: 2000 for TFHE, 5000 for CKKS
+    scheme: str = _opt("tfhe", "", choices=SCHEMES)
     # TFHE
-    n_bits: int | None = None
-    weight_bits: int | None = None
-    input_bits: int | None = None
-    attention_bits: int | None = None
-    rounding_bits: int | None = None
-    lut_bits: int | None = None
-    attention_lut_bits: int | None = None
-    range_mode: str | None = None
-    rounding: str = "exact"  # or "approximate"
-    ranges: str = "calibrated"  # or "proven"
-    compress_keys: bool = True
-    p_error: float | None = None
-    global_p_error: float | None = 1e-5
-    inputset: int = 500
+    n_bits: int | None = _opt(
+        None,
+        "TFHE activation bits (default: what the model was trained for with --qat-bits, else 6).",
+    )
+    weight_bits: int | None = _opt(None, "TFHE weight bits (default 4).")
+    input_bits: int | None = _opt(None, "TFHE input bits (default 4).")
+    attention_bits: int | None = _opt(
+        None,
+        "TFHE bits of Q, K and V, which set the width of every attention lookup (default 3).",
+    )
+    rounding_bits: int | None = _opt(None, "LSBs every table lookup rounds away first.")
+    lut_bits: int | None = _opt(
+        None, "Round each lookup's input down to at most this many bits (default 5; 0: off)."
+    )
+    attention_lut_bits: int | None = _opt(
+        None,
+        "TFHE, Inhibitor kinds: the lookups that produce Q, K and V read at most this many bits "
+        "(default 4; 0: as --lut-bits).",
+    )
+    range_mode: str | None = _opt(
+        None,
+        "Calibration ranges (default percentile: clips outliers).",
+        choices=("minmax", "percentile"),
+    )
+    rounding: str = _opt(
+        "exact",
+        "TFHE: Concrete's exact rounding (encrypted == clear program), or its approximate rounding "
+        "(cheaper; values near a rounding boundary may read the neighbouring entry).",
+        choices=("exact", "approximate"),
+    )
+    ranges: str = _opt(
+        "calibrated",
+        "TFHE: bit widths from the calibration set (inputs that would overflow one are refused by "
+        "the client), or proven by interval arithmetic for every accepted input (wider, slower).",
+        choices=RANGES,
+    )
+    compress_keys: bool = _opt(
+        True,
+        "TFHE: seeded evaluation keys (~4-5x fewer bytes to store and upload; the server expands "
+        "them on load, same memory and speed there).",
+    )
+    p_error: float | None = _opt(None, "Per-PBS error probability.")
+    global_p_error: float | None = _opt(1e-5, "")
+    n_calib: int | None = _opt(
+        None,
+        "Calibration samples from the training split (default: 2000 for TFHE; 5000 for CKKS, whose "
+        "polynomials diverge outside their intervals, so intervals must cover the tails).",
+        option="--calib",
+    )
+    inputset: int = _opt(500, "Calibration samples Concrete evaluates when compiling.")
+    data_dir: Path | None = _opt(None, "")
     # CKKS
-    poly_modulus_degree: int | None = None
-    scale_bits: int = 40
-    outer_bits: int = 60
-    refresh: bool = False
-    reciprocal_tol: float = 1e-2
-    activation_tol: float = 2e-2
-    max_degree: int = 31
-    margin: float = 0.2
-    layout: str = "auto"  # or "batch", "packed": see choose_layout
+    poly_modulus_degree: int | None = _opt(
+        None,
+        "CKKS ring size (default: the smallest whose 128-bit chain holds the program's depth).",
+        choices=("8192", "16384", "32768"),
+    )
+    scale_bits: int = _opt(40, "CKKS scale 2^bits.")
+    outer_bits: int = _opt(
+        60,
+        "CKKS: bits of the chain's first and special primes (smaller ones leave room for more "
+        "levels or a larger scale; the first must hold the output's integer part).",
+    )
+    refresh: bool = _opt(
+        False,
+        "CKKS: allow client-assisted refreshes (the data owner decrypts and re-encrypts "
+        "ciphertexts that run out of levels). Off by default; counted in the report.",
+        flag=True,
+    )
+    reciprocal_tol: float = _opt(
+        1e-2, "CKKS: relative error of the Goldschmidt 1/x (sets the iteration count)."
+    )
+    activation_tol: float = _opt(
+        2e-2, "CKKS: max error of the GELU/ReLU polynomial on its interval (sets the degree)."
+    )
+    max_degree: int = _opt(31, "CKKS: activation degree cap.")
+    margin: float = _opt(
+        0.2, "CKKS: widen calibrated intervals by this fraction of their width on each side."
+    )
+    layout: str = _opt(
+        "auto",
+        "CKKS: batch (samples in the SIMD slots: N/2 samples per run at the cost of one) or packed "
+        "(one sample per ciphertext, rotations: the latency of one query). auto: packed for `fhe "
+        "compile` (one query), batch for `fhe compare` (a dataset) and with --refresh.",
+        choices=("auto", "batch", "packed"),
+    )
 
     def __post_init__(self) -> None:
-        if self.scheme not in ("tfhe", "ckks"):
+        if self.scheme not in SCHEMES:
             raise BadOptionError(f"scheme must be tfhe or ckks, got {self.scheme!r}")
         if self.layout not in LAYOUTS:
             raise BadOptionError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
@@ -96,42 +155,10 @@ class CompileOptions:
 
     @property
     def calib_samples(self) -> int:
-        return self.n_calib or (
-            DEFAULT_CALIB_SAMPLES if self.scheme == "tfhe" else CKKS_CALIB_SAMPLES
-        )
+        return self.n_calib or steps_for(self.scheme).calib_samples
 
 
 LAYOUTS = ("auto", "batch", "packed")
-
-
-@dataclass(frozen=True)
-class LayoutChoice:
-    """The CKKS layout a run uses, and why (printed in the report and kept in its JSON)."""
-
-    layout: str
-    reason: str
-
-
-def choose_layout(options: CompileOptions, for_dataset: bool) -> LayoutChoice:
-    """``--layout auto``: one query (``fhe compile``, then ``fhe run``/``serve`` on its artifacts)
-    gets the packed layout, whose latency is that of one sample; a dataset (``fhe compare``) gets
-    the batch layout, N/2 samples per run for the cost of one; a client-assisted refresh exists
-    only in the batch layout. An explicit ``--layout`` is kept as asked."""
-    if options.layout != "auto":
-        return LayoutChoice(options.layout, f"--layout {options.layout} asked for")
-    if for_dataset:
-        return LayoutChoice(
-            "batch", "auto: a dataset, so the batch layout (N/2 samples per run at the cost of one)"
-        )
-    if options.refresh:
-        return LayoutChoice(
-            "batch", "auto: --refresh asked for, and only the batch layout refreshes"
-        )
-    return LayoutChoice(
-        "packed",
-        "auto: one query, so the packed layout (the latency of one sample; --layout batch for "
-        "throughput)",
-    )
 
 
 @dataclass
@@ -148,6 +175,10 @@ class Compilation:
     @property
     def scheme(self) -> str:
         return self.options.scheme
+
+    @property
+    def steps(self) -> SchemeSteps:
+        return steps_for(self.scheme)
 
     @property
     def calib_x(self):
@@ -174,145 +205,26 @@ def compile_file(
         "task": ckpt.task["name"],
         "patch": (ckpt.task.get("meta") or {}).get("patch"),
     }  # what `fhe run` needs to rebuild inputs
-    if options.scheme == "ckks":
-        choice = choose_layout(options, for_dataset)
-        options = dataclasses.replace(options, layout=choice.layout)
-        meta["layout_reason"] = choice.reason
-    compile_fn = _compile_tfhe if options.scheme == "tfhe" else _compile_ckks
-    compiled = compile_fn(
+    steps = steps_for(options.scheme)
+    options = steps.prepare(options, meta, for_dataset)
+    compiled = steps.compile(
         ckpt, data.x_train[: options.calib_samples], options, meta, simulate_only, on_message
     )
     return Compilation(Path(model_path), ckpt, data, compiled, options)
 
 
-def _compile_tfhe(
-    ckpt, calib_x, options: CompileOptions, meta: dict, simulate_only: bool, on_message: Echo
-):
-    from fhe.harness import compile_model
-    from fhe.schemes import TfheParams
-    from fhe.tfhe_recipe import resolve_quant
-    from quant import BitWidthError, ExportError
-
-    try:
-        quant = resolve_quant(
-            ckpt.extra.get("quant"), **{k: getattr(options, k) for k in TFHE_QUANT_OPTIONS}
-        )
-        params = TfheParams(
-            quant=quant,
-            p_error=options.p_error,
-            global_p_error=options.global_p_error,
-            inputset_size=options.inputset,
-            exact_rounding=options.rounding == "exact",
-            ranges=options.ranges,
-            compress_keys=options.compress_keys,
-        )
-    except ValueError as exc:
-        raise BadOptionError(str(exc)) from exc
-    on_message(
-        f"quantization: {quant.n_bits}-bit activations, {quant.w_bits}-bit weights, "
-        f"{quant.in_bits}-bit inputs, attention {quant.bits_for('block0.mix.qk')} bits, lookups <= "
-        f"{quant.lut_bits or 'unrounded'} bits"
-        + (f" (Q/K/V lookups <= {quant.attention_lut_bits})" if quant.attention_lut_bits else "")
-        + f", {quant.range_mode.value} ranges"
-        + (", the client pools the per-token head" if quant.client_pooling else "")
-        + (", last residual folded into the head" if quant.fold_last_residual else "")
-    )
-    try:
-        return compile_model(
-            ckpt.model,
-            calib_x,
-            params,
-            quant,
-            simulate_only=simulate_only,
-            meta={**meta, "quant": quant.to_dict()},
-        )
-    except (ExportError, BitWidthError, ValueError) as exc:
-        raise FheError(str(exc)) from exc
-    except RuntimeError as exc:
-        if "NoParametersFound" not in str(exc):
-            raise
-        raise NoParametersError(
-            "Concrete found no TFHE parameters for the widest lookup or encrypted product of this "
-            "program (see `fhe quantize MODEL --nodes` for the widths). Narrow them: --lut-bits 4, "
-            "--attention-bits 3, --n-bits 5, or fewer tokens / a smaller --d-model when training."
-        ) from exc
-
-
-def _compile_ckks(
-    ckpt, calib_x, options: CompileOptions, meta: dict, simulate_only: bool, on_message: Echo
-):
-    from fhe.ckks import ApproxConfig, PolynomialError
-    from fhe.ckks.approx import ApproximationError
-    from fhe.ckks.planner import DepthError
-    from fhe.harness import compile_model
-    from fhe.schemes import CkksParams
-
-    try:
-        params = CkksParams(
-            poly_modulus_degree=options.poly_modulus_degree,
-            scale_bits=options.scale_bits,
-            outer_bits=options.outer_bits,
-            refresh=options.refresh,
-            layout=options.layout,
-            approx=ApproxConfig(
-                reciprocal_tol=options.reciprocal_tol,
-                activation_tol=options.activation_tol,
-                max_degree=options.max_degree,
-                margin=options.margin,
-            ),
-        )
-    except ValueError as exc:  # options that cannot work (e.g. --outer-bits above 60): usage
-        raise BadOptionError(str(exc)) from exc
-    try:
-        try:
-            return compile_model(ckpt.model, calib_x, params, meta=meta)
-        except DepthError as exc:
-            if not simulate_only or options.layout == "packed":
-                raise
-            on_message(
-                f"note: {exc.summary}; simulating anyway (no encryption), parameters planned with "
-                "--refresh"
-            )
-            return compile_model(ckpt.model, calib_x, params.replace(refresh=True), meta=meta)
-    except (PolynomialError, ApproximationError, DepthError, ValueError) as exc:
-        raise FheError(str(exc)) from exc
-
-
 def check_circuit(c: Compilation, on_message: Echo = _silent) -> None:
-    """TFHE: Concrete's simulation must equal the integer program on the calibration set (exact
-    rounding); otherwise :class:`CircuitMismatchError` names the first diverging node. CKKS: nothing
-    to check."""
-    if c.scheme != "tfhe":
-        return
-    from fhe.harness import locate_divergence
-
-    check = c.compiled.verify(c.calib_x, limit=len(c.calib_x))
-    on_message(check.describe())
-    if check.consistent or not c.compiled.backend.params.exact_rounding:
-        return
-    on_message("locating the first diverging node (compiling prefixes of the program) ...")
-    where = locate_divergence(c.compiled, c.calib_x, check)
-    raise CircuitMismatchError(
-        "the compiled circuit does not compute the integer program (Concrete's simulation differs "
-        f"on {check.n - check.n_equal - check.n_transient} calibration samples, each time it is "
-        "run; "
-        f"{where.describe() if where else 'no prefix of the program reproduces it'}); refusing to "
-        "produce keys or artifacts. Please report it with the model file; another --lut-bits may "
-        "avoid it."
-    )
+    """Refuse a compiled program that does not compute what it should. TFHE: Concrete's simulation
+    must equal the integer program on the calibration set (exact rounding); otherwise
+    :class:`CircuitMismatchError` names the first diverging node. CKKS: nothing to check."""
+    c.steps.check(c, on_message)
 
 
 def keygen(c: Compilation, on_message: Echo = _silent) -> None:
     """Generate the keys. TFHE first says the expected key size and latency and refuses
-    (:class:`~fhe.tfhe_recipe.KeysTooLargeError`, with the fixes) keys that would not fit in
+    (:class:`~fhe.tfhe.recipe.KeysTooLargeError`, with the fixes) keys that would not fit in
     memory."""
-    if c.scheme == "tfhe":
-        from fhe.tfhe_recipe import preflight
-
-        check = preflight(c.compiled.backend.circuit)
-        on_message(check.describe())
-        check.check()
-        on_message("generating keys ...")
+    c.steps.preflight(c, on_message)
     c.compiled.keygen()
 
 
@@ -325,28 +237,13 @@ class SampleCheck:
     seconds: float
 
     def describe(self) -> str:
-        if self.scheme == "tfhe":
-            return f"encrypted output equals the clear integer program: {self.max_error == 0}"
-        return f"encrypted vs clear polynomial program: max |error| {self.max_error:.2e}"
+        return steps_for(self.scheme).describe_sample(self.max_error)
 
 
 def one_encrypted_sample(c: Compilation, index: int = 0) -> SampleCheck:
     """Encrypt test sample ``index``, run, decrypt, and compare with the clear program (keys
     needed)."""
-    x = c.data.x_test[index : index + 1]
-    if (
-        c.scheme == "tfhe"
-    ):  # integers in and out: the backend, so an overflowing sample is run, not refused
-        x_int = c.compiled.program.quantize_input(x)
-        start = time.perf_counter()
-        got = c.compiled.backend.encrypt_run_decrypt(x_int[0])
-        seconds = time.perf_counter() - start
-        want = c.compiled.program.run_int(x_int, "clip")[0][0]
-    else:
-        start = time.perf_counter()
-        got = c.compiled.encrypt_run_decrypt(x)
-        seconds = time.perf_counter() - start
-        want = c.compiled.simulate(x)
+    got, want, seconds = c.steps.one_sample(c, c.data.x_test[index : index + 1])
     return SampleCheck(c.scheme, float(np.abs(np.asarray(got, np.float64) - want).max()), seconds)
 
 
@@ -383,14 +280,4 @@ def compare_file(
         for_dataset=True,
     )
     x, y = c.data.x_test[:n], c.data.y_test[:n].numpy()
-    if c.scheme == "ckks":
-        from fhe.ckks.compare import compare_ckks
-
-        return compare_ckks(c.compiled, x, y, execute=mode == "execute", progress=on_message)
-    from fhe.compare import compare_tfhe
-
-    if mode == "execute":
-        keygen(c, on_message)
-    return compare_tfhe(
-        c.compiled, x, y, mode, workers, ray_address, progress=progress, on_message=on_message
-    )
+    return c.steps.compare(c, x, y, mode, workers, ray_address, progress, on_message)

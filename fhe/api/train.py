@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,9 +13,12 @@ from fhe.errors import BadOptionError, FheError
 # training
 @dataclass(frozen=True)
 class TrainRequest:
-    """``fhe train``'s options; None takes the task preset (``models/presets.py``)."""
+    """``fhe train``'s options; None takes the task preset (``models/presets.py``). ``recipe``
+    (``tfhe``, ``ckks``) fills the fields left at their defaults with a named recipe
+    (:mod:`fhe.api.recipes`)."""
 
     task: str = "digits"
+    recipe: str | None = None
     attention: str = "inhibitor"
     attention_given: bool = True  # False: ``attention`` is a default, and ``init_path``'s kind wins
     layers: int | None = None
@@ -84,11 +88,25 @@ class TrainOutcome:
         }
 
 
+def with_recipe(req: TrainRequest) -> TrainRequest:
+    """``req`` with its recipe's options in the fields it left at their defaults."""
+    if req.recipe is None:
+        return req
+    from fhe.api.recipes import recipe_for
+
+    defaults = TrainRequest()
+    recipe = recipe_for(req.task, req.recipe)
+    options = {k: v for k, v in recipe.items() if getattr(req, k) == getattr(defaults, k)}
+    return dataclasses.replace(req, **options, recipe=None)
+
+
 def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
     """Train (or fine-tune ``req.init_path``) on ``req.task``, then QAT when ``req.qat_bits`` is
     set."""
     from models.training import TrainConfig
     from models.training import train as run_training
+
+    req = with_recipe(req)
 
     if req.qat_quant and (req.qat_bits is None or req.qat_method != "program"):
         raise BadOptionError(
@@ -138,7 +156,7 @@ def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
 def _qat_quant(req: TrainRequest):
     """The quantization program QAT trains for: the TFHE defaults, ``req.qat_quant`` over them,
     then the named ``--qat-*`` options."""
-    from fhe.tfhe_recipe import resolve_quant
+    from fhe.tfhe.recipe import resolve_quant
     from quant import QuantConfig
 
     known = set(QuantConfig.__dataclass_fields__)

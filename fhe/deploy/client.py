@@ -21,6 +21,7 @@ import numpy as np
 
 from fhe import wire
 from fhe.errors import FheError, InputOverflowError
+from fhe.schemes import Scheme
 from quant.quantizer import Quantizer, decode_output
 
 
@@ -73,13 +74,13 @@ class Client:
 
         client_dir = Path(client_dir)
         if (client_dir / "context.secret").exists():
-            from fhe.backends.ckks_packed import open_client
+            from fhe.ckks.backend_packed import open_client
 
-            self.scheme, self.local = "ckks", open_client(client_dir)  # batch or packed layout
+            self.scheme, self.local = Scheme.CKKS, open_client(client_dir)  # batch or packed layout
         else:
-            from fhe.backends.tfhe import TfheClient
+            from fhe.tfhe.backend import TfheClient
 
-            self.scheme, self.local = "tfhe", TfheClient(client_dir)
+            self.scheme, self.local = Scheme.TFHE, TfheClient(client_dir)
         self.meta = self.local.meta
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self.http = (
@@ -94,7 +95,7 @@ class Client:
 
     # ----------------------------------------------------------------------------------- keys
     def public_keys(self) -> bytes:
-        if self.scheme == "tfhe":
+        if self.scheme is Scheme.TFHE:
             return self.local.client.evaluation_keys.serialize()
         return self.local.public_keys()
 
@@ -121,9 +122,9 @@ class Client:
         if shape is not None and tuple(np.shape(x)[-len(shape) :]) != tuple(shape):
             raise FheError(
                 f"input of shape {np.shape(x)}; this model takes {tuple(shape)}"
-                + (" (one sample)" if self.scheme == "tfhe" else " per sample")
+                + (" (one sample)" if self.scheme is Scheme.TFHE else " per sample")
             )
-        if self.scheme == "tfhe":
+        if self.scheme is Scheme.TFHE:
             x_int = quantize_input(self.meta, x)
             self.check_input(x_int)
             return wire.pack([self.local.encrypt(x_int)])
@@ -155,7 +156,7 @@ class Client:
 
     def decrypt(self, payload: bytes) -> np.ndarray:
         items = wire.unpack(payload)
-        if self.scheme == "tfhe":
+        if self.scheme is Scheme.TFHE:
             return dequantize_output(self.meta, self.local.decrypt(items[0]))
         return self.local.decrypt(self.local.from_wire(items))
 

@@ -19,6 +19,19 @@ from fhe.errors import FheError
 
 SECRET_FILES = ("keys.bin", "context.secret", "client.zip")
 
+# A CKKS key set is the libraries' compressed serialisation of fresh random polynomials: another
+# client's keys for the same parameters are the server artifact's own size give or take a few bytes
+# of compression. The bound leaves room for that and nothing more, so a worker never reads a body
+# much larger than a real key set (issue: bodies bounded from what the server expects).
+CKKS_KEY_SLACK = 1.05
+CKKS_KEY_SLACK_BYTES = 1 << 20
+
+
+def ckks_key_bound(reference_bytes: int) -> int:
+    """The largest CKKS key upload accepted for a program whose own public keys are
+    ``reference_bytes``."""
+    return int(reference_bytes * CKKS_KEY_SLACK) + CKKS_KEY_SLACK_BYTES
+
 
 class KeysError(FheError):
     """Uploaded keys that this server artifact cannot use (the server answers 400)."""
@@ -43,7 +56,7 @@ def load_runtime(path: str | Path) -> TfheRuntime | CkksRuntime:
     folder = server_dir(path)
     if not (folder / "program.json").exists():
         return TfheRuntime(folder)
-    from fhe.backends.ckks_packed import is_packed
+    from fhe.ckks.backend_packed import is_packed
 
     return PackedCkksRuntime(folder) if is_packed(folder) else CkksRuntime(folder)
 
@@ -64,6 +77,7 @@ class TfheRuntime:
         self.expected_key_bytes = (
             keys.stat().st_size if keys.exists() else self.meta.get("evaluation_keys_bytes")
         )
+        self.max_key_bytes = self.expected_key_bytes  # exact: Concrete keys have one size
         self._lock = threading.Lock()  # one execution at a time (it already uses every core)
 
     def describe(self) -> dict:
@@ -127,6 +141,10 @@ class TfheRuntime:
                 raise wire.PayloadError(
                     f"ciphertext does not fit this circuit: {str(exc).splitlines()[0][:200]}"
                 ) from exc
+            finally:
+                from fhe.tfhe.backend import restore_sigpipe
+
+                restore_sigpipe()
         return wire.pack([out.serialize()])
 
 
@@ -146,17 +164,27 @@ class CkksRuntime:
                 "it"
             )
         self.params_id = list(self.server.context.seal_context().data.key_parms_id())
+        self.expected_key_bytes = None  # sizes vary by a few bytes (compression): bounded instead
+        self.max_key_bytes = ckks_key_bound(self._reference_key_bytes())
         self._lock = threading.Lock()
 
+    def _reference_key_bytes(self) -> int:
+        """The size of this program's own public keys (the server artifact's public context)."""
+        return (self.folder / "context.public").stat().st_size
+
     def _open(self, folder: Path):
-        from fhe.backends.ckks import CkksServer
+        from fhe.ckks.backend import CkksServer
 
         return CkksServer(folder)
 
     def describe(self) -> dict:
         meta = self.server.meta
         keep = ("task", "seq_len", "input_shape", "patch", "plan")
-        return {"scheme": self.scheme, **{k: meta[k] for k in keep if k in meta}}
+        return {
+            "scheme": self.scheme,
+            **{k: meta[k] for k in keep if k in meta},
+            "max_key_bytes": self.max_key_bytes,
+        }
 
     def check_keys(self, blob: bytes):
         return self.load_keys(blob)
@@ -195,12 +223,17 @@ class CkksRuntime:
 class PackedCkksRuntime(CkksRuntime):
     """The packed layout (one sample per ciphertext): keys are a wire payload of (public context,
     Galois keys), ciphertexts SEAL's own serialisation, one per sample
-    (fhe/backends/ckks_packed.py)."""
+    (fhe/ckks/backend_packed.py)."""
 
     def _open(self, folder: Path):
-        from fhe.backends.ckks_packed import PackedServer
+        from fhe.ckks.backend_packed import PackedServer
 
         return PackedServer(folder)
+
+    def _reference_key_bytes(self) -> int:
+        """The public context and the Galois keys, as the one wire payload a client uploads."""
+        galois = (self.folder / "galois.keys").stat().st_size
+        return len(wire.pack([b"", b""])) + super()._reference_key_bytes() + galois
 
     def describe(self) -> dict:
         return {

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import FileResponse
+from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
@@ -57,6 +58,43 @@ from fhe.deploy.worker import Crashed, Damaged, Refused, WorkerPool, file_sha256
 
 OCTET = "application/octet-stream"
 LOG = logging.getLogger("fhe.serve")
+
+
+class Detail(BaseModel):
+    """Every answer other than 2xx: what is wrong and what to do."""
+
+    detail: str
+
+
+# What each endpoint may answer besides its success, declared in the OpenAPI schema (which the
+# property tests hold the service to, tests/test_serve_attacks.py)
+_ERRORS = {
+    400: "malformed body, or keys/ciphertexts for another circuit or parameters",
+    401: "no token, or an unknown one",
+    404: "unknown key id (for this token)",
+    409: "stored keys found damaged and set aside: upload them again",
+    410: "a key id quarantined after its execution crashed a worker",
+    413: "body or key set over a limit",
+    415: "not application/octet-stream",
+    429: "over the token's rate (Retry-After)",
+    500: "the execution crashed its worker (the service stays up)",
+    503: "every worker busy and the queue full (Retry-After)",
+}
+
+
+def _answers(*codes: int) -> dict:
+    return {c: {"model": Detail, "description": _ERRORS[c]} for c in codes}
+
+
+def _octet_body(what: str) -> dict:
+    """The OpenAPI request body of an endpoint that reads raw bytes."""
+    return {
+        "requestBody": {
+            "required": True,
+            "description": what,
+            "content": {OCTET: {"schema": {"type": "string", "format": "binary"}}},
+        }
+    }
 
 
 @dataclass(frozen=True)
@@ -146,12 +184,14 @@ def create_app(
     pool = WorkerPool(runtime.folder, config.workers, config.keys_in_memory)
     gate = _Gate(config.workers, config.queue)
     max_payload, max_keys = config.max_payload_mb << 20, config.max_keys_mb << 20
-    expected_keys = getattr(runtime, "expected_key_bytes", None)
-    docs = {} if config.docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    # TFHE keys have one exact size; CKKS ones a bound from the artifact's own keys
+    expected_keys, key_bound = runtime.expected_key_bytes, runtime.max_key_bytes or max_keys
     app = FastAPI(
         title="fhe-attention",
         description="Encrypted inference: the server never sees the data.",
-        **docs,
+        docs_url="/docs" if config.docs else None,
+        redoc_url="/redoc" if config.docs else None,
+        openapi_url="/openapi.json" if config.docs else None,
     )
     app.state.pool, app.state.store = pool, store
 
@@ -178,12 +218,12 @@ def create_app(
                 415, f"send the bytes as {OCTET}, got {kind or 'no content type'!r}"
             )
         declared = request.headers.get("content-length", "")
+        if exact is not None and declared.isdigit() and int(declared) != exact:
+            raise _wrong_key_size(int(declared), exact)
         if declared.isdigit() and int(declared) > limit:
             raise HTTPException(
                 413, f"body of {declared} bytes is over this server's limit of {limit} bytes"
             )
-        if exact is not None and declared.isdigit() and int(declared) != exact:
-            raise _wrong_key_size(int(declared), exact)
 
     async def spool(request: Request, limit: int, suffix: str) -> Path:
         """The body, streamed to a spool file as it arrives (413 as soon as it passes ``limit``)."""
@@ -217,17 +257,22 @@ def create_app(
     def health() -> dict:
         return {"status": "ok", "scheme": runtime.scheme}
 
-    @app.get("/model")
+    @app.get("/model", responses=_answers(401, 429))
     def model(request: Request) -> dict:
         tenant_of(request)
         return runtime.describe()
 
-    @app.put("/keys", status_code=201)
+    @app.put(
+        "/keys",
+        status_code=201,
+        responses=_answers(400, 401, 410, 413, 415, 429, 500, 503),
+        openapi_extra=_octet_body("evaluation keys (TFHE) or public context (CKKS)"),
+    )
     async def upload_keys(request: Request) -> dict:
         tenant = tenant_of(request)
-        limit = min(max_keys, tenant.quota_bytes or max_keys)
+        limit = min(max_keys, tenant.quota_bytes or max_keys, key_bound)
         octet(request, limit, exact=expected_keys)
-        path = await spool(request, expected_keys or limit, "keys")
+        path = await spool(request, limit, "keys")
         try:
             if expected_keys is not None and path.stat().st_size != expected_keys:
                 raise _wrong_key_size(path.stat().st_size, expected_keys)
@@ -251,12 +296,20 @@ def create_app(
             LOG.info("evicted keys %s of %s (%d bytes, LRU)", e.key_id, e.tenant, e.size)
         return {"key_id": key_id}
 
-    @app.get("/keys/{key_id}", status_code=204)
+    @app.get("/keys/{key_id}", status_code=204, responses=_answers(401, 404, 410, 429))
     def has_keys(key_id: str, request: Request) -> Response:
         known(tenant_of(request), key_id)
         return Response(status_code=204)
 
-    @app.post("/infer/{key_id}")
+    @app.post(
+        "/infer/{key_id}",
+        responses={
+            200: {"content": {OCTET: {}}, "description": "the encrypted result (fhe.wire)"},
+            **_answers(400, 401, 404, 409, 410, 413, 415, 429, 500, 503),
+        },
+        response_class=Response,
+        openapi_extra=_octet_body("a payload of ciphertexts (fhe.wire)"),
+    )
     async def infer(key_id: str, request: Request) -> Response:
         arrived = time.perf_counter()
         tenant = tenant_of(request)

@@ -7,8 +7,8 @@ import pytest
 
 from circuits.attention import CircuitSpec, Variant, build
 from fhe.artifacts import MANIFEST, ArtifactError, atomic_save, verify
-from fhe.backends.tfhe import TfheBackend, TfheClient, TfheServer
 from fhe.schemes import TfheParams
+from fhe.tfhe.backend import TfheBackend, TfheClient, TfheServer
 from quant.config import QuantConfig
 
 

@@ -11,9 +11,9 @@ from ckks_models import secret_key_windows, tiny
 from click.testing import CliRunner
 
 from fhe.ckks import ApproxConfig
-from fhe.cli import main
 from fhe.harness import compile_model
 from fhe.schemes import CkksParams
+from fhe_cli import main
 
 LOOSE = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
 
@@ -216,8 +216,8 @@ def test_cli_depth_error_names_the_fix(ps_checkpoint):
 def test_operands_keep_their_level_despite_tenseals_in_place_mod_switch():
     """TenSEAL mod-switches the second operand in place when it has more levels left; the arithmetic
     orders operands so that no value loses levels behind the bookkeeping's back (regression)."""
-    from fhe.backends.ckks import CkksArith
     from fhe.ckks import Val
+    from fhe.ckks.backend import CkksArith
 
     ctx = ts.context(
         ts.SCHEME_TYPE.CKKS, poly_modulus_degree=8192, coeff_mod_bit_sizes=[60, 40, 40, 60]
@@ -254,7 +254,7 @@ def test_cli_compile_out_then_fhe_run_serves_from_the_artifacts(ps_checkpoint, t
     res = CliRunner().invoke(main, ["run", str(art), "--sample", "2"])
     assert res.exit_code == 0, res.output
     logits = json.loads(res.output.split("logits")[1].strip())
-    from fhe.backends.ckks import CkksServer
+    from fhe.ckks.backend import CkksServer
     from models.tasks import load_task
 
     x = load_task("digits").x_test[2:3].numpy()

@@ -12,8 +12,8 @@ from ckks_models import secret_key_windows, tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fhe.backends.ckks_packed import PackedClient, PackedServer
 from fhe.ckks import ApproxConfig, ClearArith, PolynomialError, build_program
+from fhe.ckks.backend_packed import PackedClient, PackedServer
 from fhe.ckks.mixers import PACKED_LOWERINGS
 from fhe.ckks.packed import PackedProgram, min_slots
 from fhe.ckks.packing import Layout, Rotations, apply_maps, linear_map, rotate_and_sum
@@ -243,7 +243,7 @@ def test_galois_key_memory_formula_bounds_the_saved_keys(packed_geglu, tmp_path)
 def test_cli_compiles_and_runs_a_packed_model(tmp_path):
     from click.testing import CliRunner
 
-    from fhe.cli import main
+    from fhe_cli import main
 
     model = tmp_path / "g.pt"
     res = CliRunner().invoke(
@@ -299,7 +299,7 @@ def test_the_shallow_recipe_trains_and_plans_one_query_at_n_16384(tmp_path):
     at depth 10 fits N = 16384 with 45-bit outer primes and a 34-bit scale."""
     from click.testing import CliRunner
 
-    from fhe.cli import main
+    from fhe_cli import main
 
     model = tmp_path / "q.pt"
     train = [

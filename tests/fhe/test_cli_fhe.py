@@ -4,7 +4,7 @@ import json
 
 from click.testing import CliRunner
 
-from fhe.cli import main
+from fhe_cli import main
 
 PARAMS = {
     "lwe_dimension",

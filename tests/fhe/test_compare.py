@@ -1,12 +1,12 @@
-"""fhe.compare.compare_tfhe, the library call behind `fhe compare` (a notebook's API)."""
+"""fhe.tfhe.compare.compare_tfhe, the library call behind `fhe compare` (a notebook's API)."""
 
 import numpy as np
 import pytest
 
-from fhe.compare import compare_tfhe
 from fhe.harness import compile_model
 from fhe.schemes import TfheParams
-from fhe.tfhe_recipe import resolve_quant
+from fhe.tfhe.compare import compare_tfhe
+from fhe.tfhe.recipe import resolve_quant
 from models.tasks import load_task_of
 from models.training import load_checkpoint, predict
 

@@ -5,7 +5,7 @@ import pytest
 
 from fhe.harness import compile_model
 from fhe.schemes import TfheParams
-from fhe.tfhe_recipe import DEFAULT_QUANT
+from fhe.tfhe.recipe import DEFAULT_QUANT
 from models import AttentionKind
 from models.tasks import load_task
 from models.training import config_for_task

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from circuits.attention import CircuitSpec, build
-from fhe.backends.tfhe import TfheBackend
 from fhe.errors import InputOverflowError
 from fhe.schemes import TfheParams
+from fhe.tfhe.backend import TfheBackend
 
 # DCT-Former's circuits (~20 s each) run with `-m slow`; the other kinds keep both range modes by
 # default
@@ -66,7 +66,7 @@ def test_the_client_refuses_inputs_that_would_overflow_and_proven_widths_accept_
     tiny_rows_model,
 ):
     from fhe.harness import compile_model
-    from fhe.tfhe_recipe import resolve_quant
+    from fhe.tfhe.recipe import resolve_quant
     from models.tasks import load_task_of
     from models.training import load_checkpoint
 

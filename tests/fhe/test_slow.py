@@ -53,7 +53,7 @@ def test_whole_model_simulation_equals_clear_on_10000_inputs():
     """The default TFHE recipe on a digits model: Concrete's simulation == the clear integer program
     on 10 000 inputs spread over the whole input range (pixels uniform in [0, 1], beyond the
     data)."""
-    from fhe.tfhe_recipe import DEFAULT_QUANT
+    from fhe.tfhe.recipe import DEFAULT_QUANT
 
     data = load_task("digits", patch=4)
     cfg = config_for_task(data, attention="inhibitor", d_model=8, n_heads=2, norm="batchnorm")
@@ -73,7 +73,7 @@ def test_whole_model_simulation_equals_clear_on_10000_inputs():
 @pytest.mark.parametrize("variant", ["inhibitor", "dot-product", "signed-inhibitor", "geglu"])
 def test_attention_circuits_encrypted_equal_clear_on_100_inputs(variant):
     from circuits.attention import CircuitSpec, Variant, build
-    from fhe.backends.tfhe import TfheBackend
+    from fhe.tfhe.backend import TfheBackend
 
     built = build(CircuitSpec(Variant(variant), 2, d=2, n_bits=4, lut_bits=5))
     params = TfheParams(quant=QuantConfig(n_bits=4), inputset_size=64)

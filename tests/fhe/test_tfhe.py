@@ -6,8 +6,8 @@ import pytest
 
 from circuits.attention import CircuitSpec, Variant, build
 from fhe.artifacts import atomic_save
-from fhe.backends.tfhe import TfheBackend, TfheClient, TfheServer
 from fhe.schemes import TfheParams
+from fhe.tfhe.backend import TfheBackend, TfheClient, TfheServer
 from quant.config import QuantConfig
 from quant.ir import Graph
 
@@ -194,8 +194,8 @@ def test_first_divergence_names_the_miscompiled_lookup(monkeypatch):
     it."""
     import concrete.fhe as cfhe
 
-    import fhe.backends.tfhe as tfhe_backend
-    from fhe.divergence import first_divergence
+    import fhe.tfhe.backend as tfhe_backend
+    from fhe.tfhe.divergence import first_divergence
 
     def unfixed(node, x, src, exact=True):
         return cfhe.round_bit_pattern(x, lsbs_to_remove=node.attrs["rounding_bits"])
@@ -223,3 +223,47 @@ def test_first_divergence_names_the_miscompiled_lookup(monkeypatch):
     monkeypatch.setattr(tfhe_backend, "_rounded", unfixed)
     found = first_divergence(g, np.array([75]), xs, params)
     assert found is not None and found.node == "y" and found.max_abs_diff == 1
+
+
+_SIGPIPE_SCRIPT = """
+import socket
+import numpy as np
+from fhe.schemes import TfheParams
+from fhe.tfhe.backend import TfheBackend
+from quant.ir import Graph
+
+g = Graph()
+g.add("x", "input", shape=(2,))
+g.add("y", "lut", ("x",), fn=lambda t: t // 2, shape=(2,))
+g.set_output("y")
+calib = np.arange(16).reshape(8, 2) % 8
+g.calibrate(calib)
+backend = TfheBackend.compile(g, calib, TfheParams(inputset_size=8), meta={}, input_range=(0, 7))
+backend.keygen()
+print(backend.encrypt_run_decrypt(np.array([3, 5])).tolist())
+a, b = socket.socketpair()
+b.close()
+try:
+    a.send(b"x")
+except BrokenPipeError:
+    print("BrokenPipeError")
+"""
+
+
+def test_a_closed_socket_after_an_encrypted_run_raises_instead_of_aborting():
+    """Concrete's runtime (HPX) installs a SIGPIPE handler that aborts the process; after a run the
+    backend puts back Python's disposition, so a write to a closed socket raises BrokenPipeError (a
+    client that hangs up, `fhe compare ... | head`) instead of killing the process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    res = subprocess.run(
+        [sys.executable, "-c", _SIGPIPE_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.split() == ["[1,", "2]", "BrokenPipeError"]

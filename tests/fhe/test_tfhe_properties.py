@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fhe.backends.tfhe import TfheBackend
 from fhe.schemes import TfheParams
+from fhe.tfhe.backend import TfheBackend
 from quant.config import QuantConfig
 from quant.ir import Graph
 

@@ -12,10 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from circuits.attention import CircuitSpec, Variant, build
-from fhe.backends.tfhe import TfheBackend
-from fhe.cli import main
 from fhe.schemes import TfheParams
-from fhe.tfhe_recipe import (
+from fhe.tfhe.backend import TfheBackend
+from fhe.tfhe.recipe import (
     DEFAULT_QUANT,
     SLOW_HOUR_FACTOR,
     KeysTooLargeError,
@@ -23,6 +22,7 @@ from fhe.tfhe_recipe import (
     preflight,
     resolve_quant,
 )
+from fhe_cli import main
 from quant import QuantConfig
 
 FHE = Path(sys.executable).with_name("fhe")

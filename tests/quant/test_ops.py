@@ -1,17 +1,17 @@
-"""The op registry (quant/ops.py): every op has a TFHE lowering and an interval rule, the README's
-table is the registry's, and a newly registered op is what the interpreter runs."""
+"""The op registry (quant/ops.py): every op has a TFHE lowering and an interval rule, the table in
+docs/quantization.md is the registry's, and a newly registered op is what the interpreter runs."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fhe.backends.tfhe import TFHE_LOWERINGS, _lower_node
+from fhe.tfhe.backend import TFHE_LOWERINGS, _lower_node
 from quant.ir import Graph
 from quant.ops import OPS, OpSpec, op_spec, ops_table, register_op
 from quant.ranges import INTERVAL_RULES
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "quantization.md"
 
 
 def test_every_op_has_a_tfhe_lowering_and_an_interval_rule():
@@ -21,8 +21,8 @@ def test_every_op_has_a_tfhe_lowering_and_an_interval_rule():
     assert set(TFHE_LOWERINGS) <= set(OPS) and set(INTERVAL_RULES) <= set(OPS)
 
 
-def test_the_readme_table_is_the_registry():
-    assert ops_table() in README.read_text()
+def test_the_guide_table_is_the_registry():
+    assert ops_table() in GUIDE.read_text()
 
 
 def test_pbs_cost_comes_from_the_spec():

@@ -1,0 +1,68 @@
+"""Named training recipes: the options that make a model a scheme compiles well, per task, declared
+once (``fhe train --recipe``, ``TrainRequest(recipe=...)``, ``make demo``).
+
+A recipe fills the :class:`~fhe.api.train.TrainRequest` fields left at their defaults; a field given
+another value keeps it (``fhe train --recipe tfhe --epochs 10`` trains for 10 epochs).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from fhe.errors import BadOptionError
+
+
+class Recipe(str, Enum):
+    TFHE = "tfhe"  # small lookups: few tokens, QAT through the integer program
+    CKKS = "ckks"  # shallow polynomials: the length-agnostic PowerSoftmax, x², quad activation
+
+
+RECIPES: dict[tuple[str, Recipe], dict] = {
+    # make demo's TFHE model: 4 tokens of 4x4 pixels, one head of 16, QAT at 5-bit activations
+    # (benchmarks/results/digits_design_sweep_widths.md: 95.9% over 3 seeds, 2784 PBS)
+    ("digits", Recipe.TFHE): dict(
+        attention="inhibitor",
+        patch=4,
+        d_model=16,
+        heads=1,
+        epochs=60,
+        qat_bits=5,
+        qat_epochs=100,
+    ),
+    # make demo's CKKS model (PowerSoftmax paper Alg. 1 with the shallow choices): x² and ε = 1 so
+    # one Goldschmidt step meets 5e-2, the exact quad activation, BatchNorm folded, hinge range
+    # losses: depth 10, one packed query at N = 16384
+    # (benchmarks/results/ckks_packed_digits_quad-batchnorm.md)
+    ("digits", Recipe.CKKS): dict(
+        attention="power-softmax",
+        norm="batchnorm",
+        power_form="length-agnostic",
+        d_model=16,
+        heads=2,
+        range_loss=0.1,
+        range_threshold=1.0,
+        act_range_loss=0.05,
+        act_range_threshold=3.0,
+        ffn_activation="quad",
+        power_p=2,
+        power_eps=1.0,
+        epochs=120,
+    ),
+}
+
+
+def recipe_for(task: str, recipe: str | Recipe) -> dict:
+    """The options of ``recipe`` for ``task`` (:class:`BadOptionError` naming those that exist)."""
+    try:
+        recipe = Recipe(recipe)
+    except ValueError:
+        raise BadOptionError(
+            f"no recipe {recipe!r}; recipes: {', '.join(r.value for r in Recipe)}"
+        ) from None
+    if (task, recipe) not in RECIPES:
+        have = sorted(t for t, r in RECIPES if r is recipe)
+        raise BadOptionError(
+            f"no {recipe.value} recipe for task {task!r} yet (tasks with one: {', '.join(have)}); "
+            "give the options yourself (docs/models.md)"
+        )
+    return RECIPES[task, recipe]

@@ -1,0 +1,5 @@
+"""``python -m fhe_cli``: the ``fhe`` command."""
+
+from fhe_cli import entry
+
+entry()
