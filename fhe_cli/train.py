@@ -50,6 +50,19 @@ KINDS = [k.value for k in AttentionKind]
     "|q_i - q_j| for the T(T-1)/2 pairs only, instead of T^2.",
 )
 @click.option(
+    "--mask-padding/--no-mask-padding",
+    default=True,
+    show_default=True,
+    help="Token inputs (imdb): no attention reads a padding key, so a padded review gives the "
+    "logits of the unpadded one (dot-product, Inhibitor kinds, PowerSoftmax).",
+)
+@click.option(
+    "--causal",
+    is_flag=True,
+    help="Query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask; dot-product, "
+    "Inhibitor kinds, PowerSoftmax).",
+)
+@click.option(
     "--epochs",
     type=click.IntRange(min=1),
     default=None,

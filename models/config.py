@@ -40,6 +40,17 @@ class InputKind(str, Enum):
     PATCHES = "patches"
 
 
+# the kinds whose attention takes a mask (key padding, causal); the others are token-local
+# (activator, geglu-only: a padding position changes nothing but itself) or mix positions through a
+# transform that has no mask (dct: DCT-Former compresses the whole sequence, padding included)
+MASKED_KINDS = (
+    AttentionKind.DOT_PRODUCT,
+    AttentionKind.INHIBITOR,
+    AttentionKind.SIGNED_INHIBITOR,
+    AttentionKind.POWER_SOFTMAX,
+)
+
+
 @dataclass(frozen=True)
 class TransformerConfig:
     """Everything needed to rebuild a model; stored in ``model.pt``.
@@ -53,6 +64,9 @@ class TransformerConfig:
     ``tie_qk`` (Inhibitor kinds): K = Q, one projection, so the Manhattan scores of Eq. (5) are
     symmetric with a zero diagonal; under TFHE the program then needs |q_i − q_j| for the
     T(T − 1)/2 pairs i < j only and no K requantisation.
+    ``mask_padding`` (token inputs): padding keys are masked out of every attention that takes a
+    mask (:data:`MASKED_KINDS`), so a padded sequence gives the logits of the unpadded one.
+    ``causal``: query i attends keys j <= i only.
     """
 
     seq_len: int
@@ -75,6 +89,8 @@ class TransformerConfig:
     dct_ideal: bool = False
     dropout: float = 0.0
     tie_qk: bool = False
+    mask_padding: bool = True  # token inputs: no query attends a padding key (and pooling skips it)
+    causal: bool = False  # query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask)
 
     def __post_init__(self) -> None:
         for name, enum in (
@@ -104,6 +120,11 @@ class TransformerConfig:
             raise ValueError(
                 f"tie_qk (K = Q) is an Inhibitor option, not of {self.attention.value} attention"
             )
+        if self.causal and self.attention not in MASKED_KINDS:
+            raise ValueError(
+                f"causal attention is an option of {', '.join(k.value for k in MASKED_KINDS)}, "
+                f"not of {self.attention.value}"
+            )
         if self.dct_n_bar is not None and not 0 < self.dct_n_bar <= self.seq_len:
             raise ValueError(
                 f"dct_n_bar must be in [1, seq_len={self.seq_len}], got {self.dct_n_bar}"
@@ -131,7 +152,8 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> TransformerConfig:
-        return dataclass_from_dict(cls, data)
+        # model files written before masks existed attended to padding: they keep doing so
+        return dataclass_from_dict(cls, {"mask_padding": False, **data})
 
 
 def dataclass_from_dict(cls, data: dict):

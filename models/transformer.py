@@ -10,6 +10,10 @@ from models.config import InputKind, TransformerConfig
 from models.layers import FeedForward, make_norm
 
 
+def _takes_mask(mixer: nn.Module, mask: Tensor | None) -> bool:
+    return mask is not None and getattr(mixer, "supports_mask", False)
+
+
 class Block(nn.Module):
     """Pre-norm block: x + mix(norm(x)), then x + FFN(norm(x)) (no FFN for GEGLU-only, Eqs.
     12-14)."""
@@ -24,8 +28,11 @@ class Block(nn.Module):
             self.ffn = FeedForward(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:  # (B, T, C)
-        x = x + self.drop(self.mixer(self.norm1(x)))
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:  # (B, T, C)
+        """``mask``: the attention mask (:meth:`Transformer.attention_mask`), for the kinds that
+        take one; token-local mixers and DCT-Former's transform mix without it."""
+        h = self.norm1(x)
+        x = x + self.drop(self.mixer(h, mask) if _takes_mask(self.mixer, mask) else self.mixer(h))
         if self.has_ffn:
             x = x + self.ffn(self.norm2(x))
         return x
@@ -54,10 +61,24 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"input has {T} positions but the model was built for seq_len={self.config.seq_len}"
             )
+        mask = self.attention_mask(x)
         h = self.embed(x) + self.pos[:T]  # (B, T, C)
         for block in self.blocks:
-            h = block(h)
+            h = block(h, mask)
         return self.norm(h)
+
+    def attention_mask(self, x: Tensor) -> Tensor | None:
+        """(B or 1, 1, T, T), True where query i may attend key j: keys that are not padding (token
+        inputs with ``mask_padding``) and, with ``causal``, j <= i (PowerSoftmax paper Eq. 11's
+        M); None when nothing is masked."""
+        T = x.shape[1]
+        mask = None
+        if self.config.input_kind is InputKind.TOKENS and self.config.mask_padding:
+            mask = (x != 0)[:, None, None, :]  # (B, 1, 1, T): padding keys out
+        if self.config.causal:
+            tril = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T)
+            mask = tril[None, None] if mask is None else mask & tril
+        return mask
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.features(x)  # (B, T, C)

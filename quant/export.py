@@ -130,6 +130,11 @@ def check_exportable(model: Transformer) -> None:
             "token-id inputs (embedding table lookups on encrypted ids) are not supported by the "
             "integer program yet; export a model with patch (feature-vector) inputs"
         )
+    if cfg.causal:
+        raise ExportError(
+            "causal attention has no integer lowering yet (the encrypted program would attend to "
+            "every position and differ from the model); export a model trained without --causal"
+        )
     if cfg.norm is NormKind.LAYERNORM:
         raise ExportError(
             "LayerNorm has no TFHE integer lowering (it divides by an encrypted square root of the "

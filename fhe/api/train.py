@@ -26,6 +26,8 @@ class TrainRequest:
     heads: int | None = None
     d_ff: int | None = None
     tie_qk: bool = False  # Inhibitor: K = Q
+    mask_padding: bool = True  # token inputs: attention never reads a padding key
+    causal: bool = False  # query i attends keys j <= i only
     epochs: int | None = None
     batch_size: int | None = None
     lr: float | None = None
@@ -205,6 +207,8 @@ def _training_setup(req: TrainRequest):
             n_heads=req.heads or preset.n_heads,
             d_ff=req.d_ff,
             tie_qk=req.tie_qk,
+            mask_padding=req.mask_padding,
+            causal=req.causal,
             n_layers=req.layers or preset.n_layers,
             norm=req.norm,
             ffn_activation=req.ffn_activation,

@@ -278,6 +278,11 @@ def check_model(config: TransformerConfig) -> None:
             "token-id inputs: the embedding lookup has no polynomial form; the client would "
             "have to embed its tokens before encryption (use a patch/feature-input task)"
         )
+    if config.causal:
+        raise PolynomialError(
+            "causal attention has no polynomial lowering yet (the encrypted program would attend "
+            "to every position and differ from the model); use a model trained without --causal"
+        )
     try:
         poly_mixer(config.attention)
     except NoPolyLoweringError as exc:

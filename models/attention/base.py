@@ -8,7 +8,11 @@ from models.config import TransformerConfig
 
 
 class MultiHeadAttention(nn.Module):
-    """Subclasses implement :meth:`attend` on per-head tensors ``(B, nh, T, dh)``."""
+    """Subclasses implement :meth:`attend` on per-head tensors ``(B, nh, T, dh)``; those whose
+    attention takes a mask (``supports_mask``) receive one, boolean and broadcastable to
+    ``(B, nh, T, T)``: True where query i may attend key j."""
+
+    supports_mask = False
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -36,12 +40,19 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, nh, T, dh)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         B, T, C = x.shape  # batch, sequence length, d_model
         q, v = self.split(self.q_proj(x)), self.split(self.v_proj(x))
         k = q if self.tie_qk else self.split(self.k_proj(x))
-        h = self.attend(q, k, v)  # (B, nh, T, dh)
+        if mask is None:
+            h = self.attend(q, k, v)  # (B, nh, T, dh)
+        elif self.supports_mask:
+            h = self.attend(q, k, v, mask)
+        else:
+            raise ValueError(f"{type(self).__name__} takes no attention mask")
         return self.out_proj(h.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:  # pragma: no cover - abstract
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+    ) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -25,5 +25,6 @@ class DCTAttention(MultiHeadAttention):
         self.n_bar = config.dct_n_bar or max(1, config.seq_len // 2)
         self.ideal = config.dct_ideal
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        # no mask (supports_mask is False): the DCT compresses the whole sequence, padding included
         return AF.dct_attention(q, k, v, self.n_bar, ideal=self.ideal)  # (B, nh, T, dh)

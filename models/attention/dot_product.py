@@ -18,5 +18,7 @@ class DotProductAttention(MultiHeadAttention):
     and softmax needs exp and reciprocal table lookups; under CKKS, exp has no cheap polynomial.
     """
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return AF.dot_product(q, k, v)  # (B, nh, T, dh)
+    supports_mask = True
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        return AF.dot_product(q, k, v, mask)  # (B, nh, T, dh)

@@ -47,9 +47,11 @@ def dot_product(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> 
     """
     d = q.shape[-1]
     scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (..., T, T)
-    if mask is not None:
-        scores = scores.masked_fill(~mask.bool(), float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v  # (..., T, d)
+    if mask is None:
+        return torch.softmax(scores, dim=-1) @ v  # (..., T, d)
+    scores = scores.masked_fill(~mask.bool(), float("-inf"))
+    # a row with every key masked (a sequence of padding only) attends to nothing: 0, not NaN
+    return torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0) @ v  # (..., T, d)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -62,9 +64,17 @@ def _manhattan_scores(q: Tensor, k: Tensor, gamma: float, alpha: float) -> Tenso
 
 
 def inhibitor(
-    q: Tensor, k: Tensor, v: Tensor, gamma: float, alpha: float = 0.0, signed: bool = False
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gamma: float,
+    alpha: float = 0.0,
+    signed: bool = False,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """Inhibitor attention in its memory-saving form (Eqs. 8-10): no ``(..., T, T, d)`` tensor.
+    With a ``mask`` (boolean, broadcastable to ``(..., T, T)``; False removes key j from query i's
+    sums), :func:`inhibitor_broadcast`: the memory-saving sums cannot skip a key.
 
     Unsigned (Eq. 9):  H_ik = ½ Σ_j V_jk − ½ Σ_j Z_ij + ½ Σ_j |V_jk − Z_ij|
     Signed   (Eq. 10): H_ik = ½ Σ_j V_jk + ½ Σ_j |V⁺_jk − Z_ij| − ½ Σ_j |V⁻_jk + Z_ij|
@@ -72,6 +82,8 @@ def inhibitor(
     The sums Σ_j |a_jk − Z_ij| are pairwise L1 distances between the rows of Z and the columns of
     V, computed by the fused ``torch.cdist``. Equal to :func:`inhibitor_broadcast` up to rounding.
     """
+    if mask is not None:
+        return inhibitor_broadcast(q, k, v, gamma, alpha, signed, mask)
     z = _manhattan_scores(q, k, gamma, alpha)  # (..., T, T)
     vt = v.transpose(-2, -1).contiguous()  # (..., d, T)
     half_sum_v = 0.5 * v.sum(dim=-2, keepdim=True)  # (..., 1, d)
@@ -85,13 +97,20 @@ def inhibitor(
 
 
 def inhibitor_broadcast(
-    q: Tensor, k: Tensor, v: Tensor, gamma: float, alpha: float = 0.0, signed: bool = False
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    gamma: float,
+    alpha: float = 0.0,
+    signed: bool = False,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """Inhibitor attention written as the paper states it (Eqs. 5-7), with a broadcast (T, T, d)
     tensor.
 
     Eq. (6): H_ik = Σ_j (V_jk − Z'_ij)⁺;  Eq. (7): H_ik = Σ_j (V⁺_jk − Z'_ij)⁺ + Σ_j (V⁻_jk +
     Z'_ij)⁻. Memory O(T²d): kept for evaluation and as the reference of the integer lowering.
+    ``mask`` (boolean, broadcastable to ``(..., T, T)``): the sums over j skip the keys it removes.
     """
     diff = (q.unsqueeze(-2) - k.unsqueeze(-3)).abs()  # (..., T, T, d)
     z = diff.sum(-1) / gamma  # (..., T, T)  Eq. (5)
@@ -99,11 +118,12 @@ def inhibitor_broadcast(
         z = torch.relu(z - alpha)
     zz = z.unsqueeze(-1)  # (..., T, T, 1)
     vv = v.unsqueeze(-3)  # (..., 1, T, d)
+    keep = 1.0 if mask is None else mask.to(z.dtype).unsqueeze(-1)  # (..., T, T, 1)
     if not signed:
-        return torch.relu(vv - zz).sum(-2)  # Eq. (6)
+        return (torch.relu(vv - zz) * keep).sum(-2)  # Eq. (6)
     pos = torch.relu(torch.relu(vv) - zz)
     neg = -torch.relu(-(-torch.relu(-vv) + zz))  # (V⁻ + Z)⁻
-    return (pos + neg).sum(-2)  # Eq. (7)
+    return ((pos + neg) * keep).sum(-2)  # Eq. (7)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -126,6 +146,9 @@ def power_softmax(
     - Eq. (5), ε-Lipschitz division: ``|x_j^p| / (ε + ‖x^p‖₁)``.
     - Eq. (7), length-agnostic form: ``(x_j^p / L) / (ε + Mean_i x_i^p)``, where ``1/L`` is a clear
       constant, so the divisor stays O(1) as the length L grows. With ε = 0 it equals Eq. (2).
+      With a mask, ε counts once per kept key, ``(x_j^p / L) / (ε·Σ_i M_i / L + Mean_i x_i^p)``,
+      so a row's weights do not depend on how many keys were masked (a padded sequence attends
+      as the unpadded one; under CKKS, Σ_i M_i is a sum of the encrypted mask, no product).
     """
     if p <= 0 or p % 2:
         raise ValueError(f"PowerSoftmax needs a positive even power p, got p={p}")
@@ -136,7 +159,10 @@ def power_softmax(
     xp = x.pow(p)  # σ_p, non-negative for an even p
     if length_agnostic:
         length = x.shape[-1]
-        return (xp / length) / (eps + xp.mean(dim=-1, keepdim=True))  # Eq. (7)
+        if mask is None:
+            return (xp / length) / (eps + xp.mean(dim=-1, keepdim=True))  # Eq. (7)
+        kept = mask.to(x.dtype).expand_as(x).sum(dim=-1, keepdim=True)  # keys per row
+        return (xp / length) / (eps * kept / length + xp.mean(dim=-1, keepdim=True))
     return xp / (eps + xp.sum(dim=-1, keepdim=True))  # Eqs. (2), (5)
 
 

@@ -32,6 +32,8 @@ class InhibitorAttention(MultiHeadAttention):
         self.gamma = config.inhibitor_gamma or math.sqrt(config.d_head)
         self.memory_efficient = memory_efficient
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    supports_mask = True
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         fn = AF.inhibitor if self.memory_efficient else AF.inhibitor_broadcast
-        return fn(q, k, v, self.gamma, self.alpha, self.signed)  # (B, nh, T, dh)
+        return fn(q, k, v, self.gamma, self.alpha, self.signed, mask)  # (B, nh, T, dh)

@@ -48,7 +48,9 @@ class PowerSoftmaxAttention(MultiHeadAttention):
         """ε of the inference form: the model's ε when it was trained in that form, else 0."""
         return self.eps if self.form == "length-agnostic" else 0.0
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    supports_mask = True
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, nh, T, T)
         if self.track_range:
             self.last_range = AF.power_softmax_range(
@@ -56,10 +58,12 @@ class PowerSoftmaxAttention(MultiHeadAttention):
             )  # Eq. (9) summand
         if self.form == "length-agnostic" or self.inference_form:
             attn = AF.power_softmax(
-                scores, self.p, self.inference_eps, length_agnostic=True
-            )  # Eq. (7)
+                scores, self.p, self.inference_eps, length_agnostic=True, mask=mask
+            )  # Eqs. (7), (11)
         else:
-            attn = AF.power_softmax(scores, self.p, self.eps, stable=True)  # Eqs. (5), (6)
+            attn = AF.power_softmax(
+                scores, self.p, self.eps, stable=True, mask=mask
+            )  # Eqs. (5), (6), (11)
         return attn @ v  # (B, nh, T, dh)
 
 

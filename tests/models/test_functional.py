@@ -58,8 +58,9 @@ def naive_power_softmax(x, p, eps, stable, length_agnostic, mask):
         if stable:
             row = row / (np.abs(row).max() + 1e-6)
         powers = np.array([r**p for r in row])
-        if length_agnostic:
-            out[i] = (powers / L) / (eps + powers.mean())
+        if length_agnostic:  # Eq. (7); with a mask, ε once per kept key (L_i of L)
+            kept = L if mask is None else mask[i].sum()
+            out[i] = (powers / L) / (eps * kept / L + powers.mean())
         else:
             out[i] = np.abs(powers) / (eps + np.abs(powers).sum())
     return out
