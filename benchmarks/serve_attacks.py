@@ -26,10 +26,12 @@ FILES = ("tests/test_serve_attacks.py", "tests/test_deploy.py")
 
 
 class Collector:
-    """A pytest plugin: each attack test's marker and outcome."""
+    """A pytest plugin: each attack test's marker and outcome, written as the table when the session
+    finishes (tests/conftest.py then leaves with pytest's status, see its pytest_unconfigure)."""
 
     def __init__(self) -> None:
         self.rows: dict[str, dict] = {}
+        self.start = time.perf_counter()
 
     def pytest_collection_modifyitems(self, items) -> None:
         keep = [item for item in items if item.get_closest_marker("attack")]
@@ -46,16 +48,11 @@ class Collector:
         if report.failed or (report.when == "call" and report.passed):
             row["outcome"] = "passed" if report.passed else f"failed ({report.when})"
 
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        write_table(list(self.rows.values()), time.perf_counter() - self.start, int(exitstatus))
 
-def main() -> None:
-    collector = Collector()
-    start = time.perf_counter()
-    status = pytest.main(
-        ["-q", "-p", "no:cacheprovider", "-m", "attack", *(str(ROOT / f) for f in FILES)],
-        plugins=[collector],
-    )
-    wall = time.perf_counter() - start
-    rows = list(collector.rows.values())
+
+def write_table(rows: list[dict], wall: float, status: int) -> None:
     lines = [
         "# `fhe serve` attacked",
         "",
@@ -76,9 +73,17 @@ def main() -> None:
             f"| {r['what']} | {r['answer']} | {bad} | {bad} | {r['kept']} | `{r['test']}` | "
             f"{r['s']:.0f} |"
         )
-    write_results("serve_attacks", lines, {"rows": rows, "pytest_status": int(status)})
-    print("\n".join(lines))
-    sys.exit(int(status))
+    write_results("serve_attacks", lines, {"rows": rows, "pytest_status": status})
+    print("\n".join(lines), flush=True)
+
+
+def main() -> None:
+    sys.exit(
+        pytest.main(
+            ["-q", "-p", "no:cacheprovider", "-m", "attack", *(str(ROOT / f) for f in FILES)],
+            plugins=[Collector()],
+        )
+    )
 
 
 if __name__ == "__main__":

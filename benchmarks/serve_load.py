@@ -103,6 +103,7 @@ def load_row(
     from fhe.deploy.client import Client, ServiceError
 
     latencies, refused, errors, wrong = [], 0, 0, 0
+    transport: list[str] = []
     lock = threading.Lock()
     base = Client(art / "client", server.url)
     base.upload_keys()
@@ -118,6 +119,11 @@ def load_row(
                 with lock:
                     refused += exc.status == 503
                     errors += exc.status != 503
+                continue
+            except httpx.HTTPError as exc:  # no answer at all: an error too
+                with lock:
+                    errors += 1
+                    transport.append(type(exc).__name__)
                 continue
             ok = (
                 np.array_equal(got.logits, clear(x))
@@ -144,6 +150,7 @@ def load_row(
         "answered": len(latencies),
         "refused_503": refused,
         "errors": errors,
+        "transport_errors": transport,
         "wrong": wrong,
         "throughput_per_s": len(latencies) / wall,
         "p50_s": float(np.percentile(lat, 50)),

@@ -7,13 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from fhe.ckks.approx import ApproxConfig
+from fhe.scheme import Scheme
 from quant.config import QuantConfig
 
-
-class Scheme(str, Enum):
-    TFHE = "tfhe"
-    CKKS = "ckks"
-
+__all__ = ["RANGES", "CkksLayout", "CkksParams", "Scheme", "TfheParams"]
 
 RANGES = ("calibrated", "proven")
 

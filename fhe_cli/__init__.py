@@ -9,38 +9,44 @@ Library errors become click errors in one place (:func:`fhe_cli._common.library_
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
 
 import click
 
-from fhe_cli.compile import batch, compare, compile_cmd, run_cmd
-from fhe_cli.quantize import evaluate, quantize
-from fhe_cli.report import report
-from fhe_cli.serve import client_cmd, serve, serve_token
-from fhe_cli.train import train
+# command name -> (module, function): each module is imported when its command runs, so `fhe serve`
+# does not load torch or an FHE library into the service process (`fhe --help` imports them all)
+COMMANDS = {
+    "train": ("fhe_cli.train", "train"),
+    "quantize": ("fhe_cli.quantize", "quantize"),
+    "evaluate": ("fhe_cli.quantize", "evaluate"),
+    "compile": ("fhe_cli.compile", "compile_cmd"),
+    "run": ("fhe_cli.compile", "run_cmd"),
+    "compare": ("fhe_cli.compile", "compare"),
+    "batch": ("fhe_cli.compile", "batch"),
+    "report": ("fhe_cli.report", "report"),
+    "serve": ("fhe_cli.serve", "serve"),
+    "serve-token": ("fhe_cli.serve", "serve_token"),
+    "client": ("fhe_cli.serve", "client_cmd"),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, name = COMMANDS[cmd_name]
+        return getattr(importlib.import_module(module), name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """fhe-attention: private inference for small transformers, and what it costs."""
-
-
-for _command in (
-    train,
-    quantize,
-    evaluate,
-    compile_cmd,
-    run_cmd,
-    compare,
-    batch,
-    report,
-    serve,
-    serve_token,
-    client_cmd,
-):
-    main.add_command(_command)
 
 
 def entry() -> None:

@@ -11,7 +11,7 @@ import click
 import numpy as np
 
 from fhe.deploy.server import ServeConfig
-from fhe.schemes import Scheme
+from fhe.scheme import Scheme
 from fhe_cli._common import config_from, library_errors, options_from
 
 

@@ -17,6 +17,7 @@ from fhe.api.schemes.tfhe import CircuitMismatchError, NoParametersError
 from fhe.api.train import load_model_and_task
 from fhe.errors import BadOptionError
 from fhe.schemes import RANGES, Scheme
+from quant.config import RangeMode
 
 __all__ = [
     "CircuitMismatchError",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 SCHEMES = tuple(s.value for s in Scheme)
+LAYOUTS = ("auto", "batch", "packed")  # auto: fhe/api/schemes/ckks.py's choose_layout
 
 
 def _opt(default, help: str, **extra):
@@ -72,7 +74,7 @@ class CompileOptions:
     range_mode: str | None = _opt(
         None,
         "Calibration ranges (default percentile: clips outliers).",
-        choices=("minmax", "percentile"),
+        choices=tuple(m.value for m in RangeMode),
     )
     rounding: str = _opt(
         "exact",
@@ -117,7 +119,6 @@ class CompileOptions:
         False,
         "CKKS: allow client-assisted refreshes (the data owner decrypts and re-encrypts "
         "ciphertexts that run out of levels). Off by default; counted in the report.",
-        flag=True,
     )
     reciprocal_tol: float = _opt(
         1e-2, "CKKS: relative error of the Goldschmidt 1/x (sets the iteration count)."
@@ -134,7 +135,7 @@ class CompileOptions:
         "CKKS: batch (samples in the SIMD slots: N/2 samples per run at the cost of one) or packed "
         "(one sample per ciphertext, rotations: the latency of one query). auto: packed for `fhe "
         "compile` (one query), batch for `fhe compare` (a dataset) and with --refresh.",
-        choices=("auto", "batch", "packed"),
+        choices=LAYOUTS,
     )
 
     def __post_init__(self) -> None:
@@ -156,9 +157,6 @@ class CompileOptions:
     @property
     def calib_samples(self) -> int:
         return self.n_calib or steps_for(self.scheme).calib_samples
-
-
-LAYOUTS = ("auto", "batch", "packed")
 
 
 @dataclass

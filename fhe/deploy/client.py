@@ -21,8 +21,10 @@ import numpy as np
 
 from fhe import wire
 from fhe.errors import FheError, InputOverflowError
-from fhe.schemes import Scheme
+from fhe.scheme import Scheme
 from quant.quantizer import Quantizer, decode_output
+
+CLIENT_KEEP_ALIVE_S = 2.0  # below the server's keep-alive (fhe.deploy.server.KEEP_ALIVE_S)
 
 
 class ServiceError(FheError):
@@ -83,8 +85,16 @@ class Client:
             self.scheme, self.local = Scheme.TFHE, TfheClient(client_dir)
         self.meta = self.local.meta
         headers = {"authorization": f"Bearer {token}"} if token else {}
+        # a pooled connection idle for longer than the server keeps it (uvicorn: KEEP_ALIVE_S) can
+        # be closed by the server just as a request goes out on it ("server disconnected without
+        # sending a response", seen under load while encrypting took seconds): reuse only younger
         self.http = (
-            httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s, headers=headers)
+            httpx.Client(
+                base_url=url.rstrip("/"),
+                timeout=timeout_s,
+                headers=headers,
+                limits=httpx.Limits(keepalive_expiry=CLIENT_KEEP_ALIVE_S),
+            )
             if url
             else None
         )

@@ -1,8 +1,10 @@
 """What a server needs to answer one request: a server artifact, a client's evaluation keys, a
 payload.
 
-One class per scheme, both with the same three verbs: ``check_keys(blob)`` (refuse keys this circuit
-cannot use, before they are stored), ``load_keys(blob)`` and ``run(keys, payload) -> payload``.
+The service process reads an artifact with :func:`artifact_info` (files only, no FHE library). The
+workers execute with one runtime class per scheme, both with the same three verbs:
+``check_keys(blob)`` (refuse keys this circuit cannot use, before they are stored),
+``load_keys(blob)`` and ``run(keys, payload) -> payload``.
 Nothing here unpickles: keys and ciphertexts are the libraries' own serialisations inside the
 length-prefixed payloads of :mod:`fhe.wire`.
 """
@@ -11,11 +13,13 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from fhe import wire
 from fhe.artifacts import verify
 from fhe.errors import FheError
+from fhe.scheme import Scheme
 
 SECRET_FILES = ("keys.bin", "context.secret", "client.zip")
 
@@ -52,53 +56,91 @@ def server_dir(path: str | Path) -> Path:
     return folder
 
 
-def load_runtime(path: str | Path) -> TfheRuntime | CkksRuntime:
-    folder = server_dir(path)
-    if not (folder / "program.json").exists():
-        return TfheRuntime(folder)
-    from fhe.ckks.backend_packed import is_packed
+TFHE_DESCRIBED = (
+    "task",
+    "seq_len",
+    "input_shape",
+    "input_scale",
+    "input_zero_point",
+    "input_qmin",
+    "input_qmax",
+    "output_scale",
+    "quant",
+    "ranges",
+    "patch",
+)
+CKKS_DESCRIBED = ("task", "seq_len", "input_shape", "patch", "plan")
 
-    return PackedCkksRuntime(folder) if is_packed(folder) else CkksRuntime(folder)
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    """What the service process needs of a server artifact, read from its files without loading an
+    FHE library (the workers load one): what ``GET /model`` answers and the key sizes it accepts.
+    The service process then stays small (no Concrete, TenSEAL or torch in it)."""
+
+    folder: Path
+    scheme: Scheme
+    description: dict
+    expected_key_bytes: int | None  # TFHE: the one size of this circuit's keys
+    max_key_bytes: int | None  # the largest key upload accepted
+
+    def describe(self) -> dict:
+        return dict(self.description)
+
+
+def artifact_info(path: str | Path) -> ArtifactInfo:
+    """The :class:`ArtifactInfo` of the server artifact at ``path`` (checked by :func:`server_dir`);
+    a CKKS program that needs client-assisted refreshes is refused (one request, no round trip)."""
+    folder = server_dir(path)
+    meta = json.loads((folder / "meta.json").read_text())
+    if not (folder / "program.json").exists():
+        keys = folder / "evaluation_keys.bin"
+        # Concrete aborts the process when it bootstraps with keys made for other parameters, so
+        # keys are checked against the size of this circuit's own keys before they are accepted
+        size = keys.stat().st_size if keys.exists() else meta.get("evaluation_keys_bytes")
+        kept = {k: meta[k] for k in TFHE_DESCRIBED if k in meta}
+        description = {"scheme": "tfhe", **kept, "evaluation_keys_bytes": size}
+        return ArtifactInfo(folder, Scheme.TFHE, description, size, size)
+    if meta["plan"]["client_assisted_refresh"]:
+        raise FheError(
+            "this CKKS program needs client-assisted refreshes, which a one-request service "
+            "cannot do; compile it without --refresh (a larger --poly-modulus-degree) to serve "
+            "it"
+        )
+    reference = (folder / "context.public").stat().st_size
+    packed = meta.get("layout") == "packed"
+    if packed:  # the public context and the Galois keys, as the one wire payload a client sends
+        reference += len(wire.pack([b"", b""])) + (folder / "galois.keys").stat().st_size
+    bound = ckks_key_bound(reference)
+    description = {
+        "scheme": "ckks",
+        **{k: meta[k] for k in CKKS_DESCRIBED if k in meta},
+        "max_key_bytes": bound,
+    }
+    if packed:
+        description.update(layout="packed", rotation_steps=meta["rotation_steps"])
+    return ArtifactInfo(folder, Scheme.CKKS, description, None, bound)
+
+
+def load_runtime(path: str | Path) -> TfheRuntime | CkksRuntime:
+    """The runtime that executes requests on the artifact at ``path`` (loads its FHE library)."""
+    info = artifact_info(path)
+    if info.scheme is Scheme.TFHE:
+        return TfheRuntime(info)
+    return (PackedCkksRuntime if info.description.get("layout") == "packed" else CkksRuntime)(info)
 
 
 class TfheRuntime:
     scheme = "tfhe"
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, info: ArtifactInfo) -> None:
         from concrete import fhe
 
         self.fhe = fhe
-        self.folder = folder
-        self.meta = json.loads((folder / "meta.json").read_text())
-        self.server = fhe.Server.load(folder / "server.zip")
-        # Concrete aborts the process when it bootstraps with keys made for other parameters, so
-        # keys are checked against the size of this circuit's own keys before they are accepted
-        keys = folder / "evaluation_keys.bin"
-        self.expected_key_bytes = (
-            keys.stat().st_size if keys.exists() else self.meta.get("evaluation_keys_bytes")
-        )
-        self.max_key_bytes = self.expected_key_bytes  # exact: Concrete keys have one size
+        self.info, self.folder = info, info.folder
+        self.expected_key_bytes = info.expected_key_bytes
+        self.server = fhe.Server.load(self.folder / "server.zip")
         self._lock = threading.Lock()  # one execution at a time (it already uses every core)
-
-    def describe(self) -> dict:
-        keep = (
-            "task",
-            "seq_len",
-            "input_shape",
-            "input_scale",
-            "input_zero_point",
-            "input_qmin",
-            "input_qmax",
-            "output_scale",
-            "quant",
-            "ranges",
-            "patch",
-        )
-        return {
-            "scheme": self.scheme,
-            **{k: self.meta[k] for k in keep if k in self.meta},
-            "evaluation_keys_bytes": self.expected_key_bytes,
-        }
 
     def check_keys(self, blob: bytes):
         """The keys, loaded, if this circuit can use them (else :class:`KeysError`)."""
@@ -142,7 +184,7 @@ class TfheRuntime:
                     f"ciphertext does not fit this circuit: {str(exc).splitlines()[0][:200]}"
                 ) from exc
             finally:
-                from fhe.tfhe.backend import restore_sigpipe
+                from fhe.tfhe import restore_sigpipe
 
                 restore_sigpipe()
         return wire.pack([out.serialize()])
@@ -151,40 +193,19 @@ class TfheRuntime:
 class CkksRuntime:
     scheme = "ckks"
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, info: ArtifactInfo) -> None:
         import tenseal as ts
 
         self.ts = ts
-        self.folder = folder
-        self.server = self._open(folder)
-        if self.server.plan["client_assisted_refresh"]:
-            raise FheError(
-                "this CKKS program needs client-assisted refreshes, which a one-request service "
-                "cannot do; compile it without --refresh (a larger --poly-modulus-degree) to serve "
-                "it"
-            )
+        self.info, self.folder = info, info.folder
+        self.server = self._open(self.folder)
         self.params_id = list(self.server.context.seal_context().data.key_parms_id())
-        self.expected_key_bytes = None  # sizes vary by a few bytes (compression): bounded instead
-        self.max_key_bytes = ckks_key_bound(self._reference_key_bytes())
         self._lock = threading.Lock()
-
-    def _reference_key_bytes(self) -> int:
-        """The size of this program's own public keys (the server artifact's public context)."""
-        return (self.folder / "context.public").stat().st_size
 
     def _open(self, folder: Path):
         from fhe.ckks.backend import CkksServer
 
         return CkksServer(folder)
-
-    def describe(self) -> dict:
-        meta = self.server.meta
-        keep = ("task", "seq_len", "input_shape", "patch", "plan")
-        return {
-            "scheme": self.scheme,
-            **{k: meta[k] for k in keep if k in meta},
-            "max_key_bytes": self.max_key_bytes,
-        }
 
     def check_keys(self, blob: bytes):
         return self.load_keys(blob)
@@ -229,18 +250,6 @@ class PackedCkksRuntime(CkksRuntime):
         from fhe.ckks.backend_packed import PackedServer
 
         return PackedServer(folder)
-
-    def _reference_key_bytes(self) -> int:
-        """The public context and the Galois keys, as the one wire payload a client uploads."""
-        galois = (self.folder / "galois.keys").stat().st_size
-        return len(wire.pack([b"", b""])) + super()._reference_key_bytes() + galois
-
-    def describe(self) -> dict:
-        return {
-            **super().describe(),
-            "layout": "packed",
-            "rotation_steps": self.server.meta["rotation_steps"],
-        }
 
     def load_keys(self, blob: bytes):
         import tenseal.sealapi as sa

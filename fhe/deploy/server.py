@@ -53,11 +53,12 @@ from starlette.concurrency import run_in_threadpool
 
 from fhe.deploy.access import Access, RateLimited, Tenant, Unauthorized, read_tokens
 from fhe.deploy.keystore import KeyStore, OverQuota
-from fhe.deploy.runtime import load_runtime
+from fhe.deploy.runtime import artifact_info
 from fhe.deploy.worker import Crashed, Damaged, Refused, WorkerPool, file_sha256
 
 OCTET = "application/octet-stream"
 LOG = logging.getLogger("fhe.serve")
+KEEP_ALIVE_S = 15  # idle connections kept this long; clients reuse theirs for less (client.py)
 
 
 class Detail(BaseModel):
@@ -170,7 +171,8 @@ def create_app(
     artifact: str | Path, keys_dir: str | Path | None = None, config: ServeConfig | None = None
 ) -> FastAPI:
     config = config or ServeConfig()
-    runtime = load_runtime(artifact)  # describe() and the expected key size; never client bytes
+    # what GET /model says and the key sizes, from the files: no FHE library in this process
+    runtime = artifact_info(artifact)
     store = KeyStore(
         Path(keys_dir) if keys_dir else runtime.folder.parent / "uploaded_keys",
         None if config.max_store_mb is None else config.max_store_mb << 20,
@@ -255,7 +257,7 @@ def create_app(
 
     @app.get("/health")
     def health() -> dict:
-        return {"status": "ok", "scheme": runtime.scheme}
+        return {"status": "ok", "scheme": runtime.scheme.value}
 
     @app.get("/model", responses=_answers(401, 429))
     def model(request: Request) -> dict:
@@ -371,4 +373,4 @@ def serve(
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     app = create_app(artifact, keys_dir, config)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_keep_alive=KEEP_ALIVE_S)

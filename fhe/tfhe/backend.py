@@ -11,10 +11,8 @@ around).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import shutil
-import signal
 import time
 from pathlib import Path
 
@@ -25,19 +23,12 @@ from fhe.artifacts import verify
 from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Scheme, TfheParams
+from fhe.tfhe import restore_sigpipe
 from fhe.tfhe.recipe import estimated_latency_s, stage_table
 from quant.graph_io import load_graph, save_graph
 from quant.ir import FREE_OPS, Graph, round_bit_pattern, rounded_bits
 from quant.ops import op_spec
 from quant.ranges import overflow_risks, widen_to_proven
-
-
-def restore_sigpipe() -> None:
-    """Put back Python's SIGPIPE disposition (ignored: a write to a closed socket or pipe raises
-    BrokenPipeError). The first encrypted run starts Concrete's runtime (HPX), which installs a
-    SIGPIPE handler that aborts the whole process instead: a client hanging up, or `fhe compare |
-    head`, would kill it with a stack trace. Through libc, so it works from any thread."""
-    ctypes.CDLL(None).signal(int(signal.SIGPIPE), ctypes.c_void_p(int(signal.SIG_IGN)))
 
 
 def _rounded(node, x, src, exact: bool = True):
