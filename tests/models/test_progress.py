@@ -4,9 +4,10 @@ from models.progress import progress_bar
 
 
 def test_a_bar_in_a_log_writes_a_few_plain_lines(capsys):
-    bar = progress_bar(True, total=10_000, desc="steps")
-    for _ in range(10_000):
+    bar = progress_bar(True, total=10_000, desc="steps", leave=False)
+    for i in range(10_000):
         bar.update(1)
+        bar.set_postfix(loss=1.0 / (i + 1))  # refreshes the bar at every step
     bar.close()
     err = capsys.readouterr().err
     assert "\r" not in err
