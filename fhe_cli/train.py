@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from fhe.api.recipes import Recipe
 from fhe_cli._common import json_object, library_errors, write_json
@@ -30,7 +31,7 @@ KINDS = [k.value for k in AttentionKind]
     type=click.Choice([r.value for r in Recipe]),
     default=None,
     help="A named recipe for the task (digits: tfhe, the make demo model compiled under TFHE; "
-    "ckks, the shallow polynomial one): it sets every option you leave at its default.",
+    "ckks, the shallow polynomial one): it sets every option you do not give.",
 )
 @click.option("--layers", type=int, default=None, help="Number of blocks (task preset if omitted).")
 @click.option("--d-model", type=int, default=None, help="Embedding width (task preset if omitted).")
@@ -218,9 +219,12 @@ def train(output, json_path, quiet, **options) -> None:
     from fhe import api
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    given = click.get_current_context().get_parameter_source("attention")
+    ctx = click.get_current_context()
+    typed = frozenset(
+        name for name in options if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+    )
     req = api.with_recipe(
-        api.TrainRequest(**options, attention_given=given is not click.core.ParameterSource.DEFAULT)
+        api.TrainRequest(**options, attention_given="attention" in typed), given=typed
     )
     outcome = api.train_model(req, progress=not quiet)
     outcome.save(output)

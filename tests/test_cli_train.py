@@ -184,3 +184,18 @@ def test_a_recipe_that_does_not_exist_is_a_usage_error(tmp_path):
         main, ["train", "--task", "adding", "--recipe", "tfhe", "-o", str(tmp_path / "m.pt")]
     )
     assert res.exit_code == 2 and "no tfhe recipe for task 'adding'" in res.output
+
+
+def test_an_option_typed_with_its_default_value_wins_over_the_recipe(tmp_path):
+    out = tmp_path / "m.pt"
+    res = CliRunner().invoke(
+        main,
+        [
+            *("train", "--task", "digits", "--recipe", "ckks", "--attention", "inhibitor"),
+            *("--epochs", "1", "--limit", "64", "--quiet", "-o", str(out)),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    config = load_checkpoint(out).model.config
+    assert config.attention.value == "inhibitor"  # typed, though it is the default
+    assert (config.d_model, config.ffn_activation.value) == (16, "quad")  # from the recipe

@@ -1,8 +1,9 @@
 """Named training recipes: the options that make a model a scheme compiles well, per task, declared
 once (``fhe train --recipe``, ``TrainRequest(recipe=...)``, ``make demo``).
 
-A recipe fills the :class:`~fhe.api.train.TrainRequest` fields left at their defaults; a field given
-another value keeps it (``fhe train --recipe tfhe --epochs 10`` trains for 10 epochs).
+A recipe sets the options not given (``fhe train``: not typed; Python: the
+:class:`~fhe.api.train.TrainRequest` fields left at their defaults), so ``fhe train --recipe tfhe
+--epochs 10`` trains for 10 epochs.
 """
 
 from __future__ import annotations

@@ -90,15 +90,19 @@ class TrainOutcome:
         }
 
 
-def with_recipe(req: TrainRequest) -> TrainRequest:
-    """``req`` with its recipe's options in the fields it left at their defaults."""
+def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> TrainRequest:
+    """``req`` with its recipe's options, except in the fields ``given`` names (the command line
+    knows which options were typed); without ``given``, the fields that differ from their
+    defaults keep their values."""
     if req.recipe is None:
         return req
     from fhe.api.recipes import recipe_for
 
     defaults = TrainRequest()
     recipe = recipe_for(req.task, req.recipe)
-    options = {k: v for k, v in recipe.items() if getattr(req, k) == getattr(defaults, k)}
+    if given is None:
+        given = frozenset(k for k in recipe if getattr(req, k) != getattr(defaults, k))
+    options = {k: v for k, v in recipe.items() if k not in given}
     return dataclasses.replace(req, **options, recipe=None)
 
 
