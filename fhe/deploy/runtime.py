@@ -20,6 +20,7 @@ from fhe import wire
 from fhe.artifacts import verify
 from fhe.errors import FheError
 from fhe.scheme import Scheme
+from fhe.tfhe import restore_sigpipe  # no FHE library: fhe.tfhe/__init__ is ctypes + signal
 
 SECRET_FILES = ("keys.bin", "context.secret", "client.zip")
 
@@ -184,8 +185,6 @@ class TfheRuntime:
                     f"ciphertext does not fit this circuit: {str(exc).splitlines()[0][:200]}"
                 ) from exc
             finally:
-                from fhe.tfhe import restore_sigpipe
-
                 restore_sigpipe()
         return wire.pack([out.serialize()])
 
