@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 import torch
 from torch import nn
 
 from models.attention import functional as AF
+from models.config import AttentionKind
 from models.registry import KindRegistry
 from quant.config import QuantConfig
 from quant.ir import Graph
@@ -29,19 +29,21 @@ from quant.mixers.inhibitor import lower_inhibitor
 from quant.mixers.softmax import exp_scores, lower_normalized, power_scores
 from quant.quantizer import Quantizer
 
+_ALIASES = {"geglu": AttentionKind.GEGLU_ONLY}  # the name `fhe report --variants` used first
 
-class Variant(str, Enum):
-    INHIBITOR = "inhibitor"
-    SIGNED_INHIBITOR = "signed-inhibitor"
-    DOT_PRODUCT = "dot-product"
-    POWER_SOFTMAX = "power-softmax"
-    DCT = "dct"
-    GEGLU = "geglu"
+
+def attention_kind(name: str | AttentionKind) -> AttentionKind:
+    """The kind a circuit name means (``geglu`` is ``geglu-only``)."""
+    if isinstance(name, AttentionKind):
+        return name
+    return _ALIASES[name] if name in _ALIASES else AttentionKind(name)
 
 
 @dataclass(frozen=True)
 class CircuitSpec:
-    variant: Variant
+    """One attention circuit: the kind (a registered core, :data:`CORES`), T, d and widths."""
+
+    variant: AttentionKind
     seq_len: int
     d: int = 2
     n_bits: int = 6
@@ -50,7 +52,7 @@ class CircuitSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "variant", Variant(self.variant))
+        object.__setattr__(self, "variant", attention_kind(self.variant))
         if self.seq_len < 1 or self.d < 1:
             raise ValueError(f"seq_len and d must be >= 1, got {self.seq_len}, {self.d}")
         if not 2 <= self.n_bits <= 12:
@@ -97,23 +99,23 @@ class Core:
     reference: Reference
 
 
-CORES: KindRegistry[Core] = KindRegistry("attention circuit", key=Variant)
+CORES: KindRegistry[Core] = KindRegistry("attention circuit")
 register_core = CORES.register
 
 
-def core(variant: Variant) -> Core:
+def core(variant: AttentionKind) -> Core:
     registered = ", ".join(v.value for v in CORES.kinds())
     return CORES.require(variant, ValueError, "the attention circuits", f"registered: {registered}")
 
 
 def _inhibitor_lower(low, spec, q, k, v, grid):
-    params = _InhibitorParams(spec.d, spec.alpha, spec.variant is Variant.SIGNED_INHIBITOR)
+    params = _InhibitorParams(spec.d, spec.alpha, spec.variant is AttentionKind.SIGNED_INHIBITOR)
     return lower_inhibitor(low, params, q, k, v, grid, "c.attn")
 
 
 def _inhibitor_reference(spec, q, k, v):
     return AF.inhibitor(
-        q, k, v, math.sqrt(spec.d), spec.alpha, spec.variant is Variant.SIGNED_INHIBITOR
+        q, k, v, math.sqrt(spec.d), spec.alpha, spec.variant is AttentionKind.SIGNED_INHIBITOR
     )
 
 
@@ -135,16 +137,16 @@ def _geglu_reference(spec, q, k, v):
     return unit.down(unit.up_value(v) * torch.nn.functional.gelu(unit.up_gate(v)))
 
 
-register_core(Variant.INHIBITOR, Variant.SIGNED_INHIBITOR)(
+register_core(AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR)(
     Core(_inhibitor_lower, _inhibitor_reference)
 )
-register_core(Variant.DOT_PRODUCT)(
+register_core(AttentionKind.DOT_PRODUCT)(
     Core(
         lambda low, spec, q, k, v, grid: lower_normalized(low, q, k, v, "c.attn", exp_scores()),
         lambda spec, q, k, v: AF.dot_product(q, k, v),
     )
 )
-register_core(Variant.POWER_SOFTMAX)(
+register_core(AttentionKind.POWER_SOFTMAX)(
     Core(
         lambda low, spec, q, k, v, grid: lower_normalized(
             low, q, k, v, "c.attn", power_scores(4), eps=1e-3, length_agnostic=True
@@ -152,7 +154,7 @@ register_core(Variant.POWER_SOFTMAX)(
         _power_reference,
     )
 )
-register_core(Variant.DCT)(
+register_core(AttentionKind.DCT)(
     Core(
         lambda low, spec, q, k, v, grid: lower_dct(
             low, _DctParams(max(1, spec.seq_len // 2)), q, k, v, "c.attn"
@@ -160,7 +162,7 @@ register_core(Variant.DCT)(
         lambda spec, q, k, v: AF.dct_attention(q, k, v, max(1, spec.seq_len // 2)),
     )
 )
-register_core(Variant.GEGLU)(Core(_geglu_lower, _geglu_reference))
+register_core(AttentionKind.GEGLU_ONLY)(Core(_geglu_lower, _geglu_reference))
 
 
 def _geglu_unit(d: int, seed: int) -> nn.Module:

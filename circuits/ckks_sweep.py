@@ -29,7 +29,16 @@ from fhe.schemes import CkksParams
 from models.config import TransformerConfig
 from models.transformer import Transformer
 
-KINDS = ("power-softmax", "dot-product", "inhibitor", "dct", "geglu-only")
+# the default sweep: one representative per family (the signed Inhibitor and the Activator share
+# their family's lowering); every kind with a registered polynomial lowering can be asked for
+DEFAULT_KINDS = ("power-softmax", "dot-product", "inhibitor", "dct", "geglu-only")
+
+
+def known_kinds() -> list[str]:
+    """The kinds with a polynomial lowering (fhe/ckks/mixers/ registers them)."""
+    from fhe.ckks.mixers import registered_poly_mixers
+
+    return [k.value for k in registered_poly_mixers()]
 
 
 @dataclass

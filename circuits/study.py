@@ -44,12 +44,11 @@ def study(
     if Scheme(scheme) is Scheme.CKKS:
         from circuits import ckks_sweep
 
-        kinds = variants or list(ckks_sweep.KINDS)
-        bad = [k for k in kinds if k not in ckks_sweep.KINDS]
+        kinds = variants or list(ckks_sweep.DEFAULT_KINDS)
+        known = ckks_sweep.known_kinds()
+        bad = [k for k in kinds if k not in known]
         if bad:
-            raise ValueError(
-                f"--variants for CKKS: {', '.join(ckks_sweep.KINDS)}; got {', '.join(bad)}"
-            )
+            raise ValueError(f"--variants for CKKS: {', '.join(known)}; got {', '.join(bad)}")
         stem = stem or "ckks_attention"
         reps = ckks_sweep.sweep(
             kinds,

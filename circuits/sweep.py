@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from circuits.attention import CircuitSpec, Variant, build
+from circuits.attention import CircuitSpec, attention_kind, build
 from fhe.schemes import TfheParams
 from fhe.tfhe.backend import TfheBackend
 from quant.config import QuantConfig
@@ -124,7 +124,9 @@ def sweep(
     repeats: int = 3,
     progress=None,
 ) -> list[CircuitReport]:
-    jobs = [CircuitSpec(Variant(v), t, d, n_bits, lut_bits) for t in seq_lens for v in variants]
+    jobs = [
+        CircuitSpec(attention_kind(v), t, d, n_bits, lut_bits) for t in seq_lens for v in variants
+    ]
     reports = []
     for spec in jobs:
         if progress:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -39,7 +40,7 @@ class Backend(Protocol):
     def encrypt_run_decrypt(self, x_int: np.ndarray) -> np.ndarray: ...
     def simulate(self, x_int: np.ndarray) -> np.ndarray: ...
     def report(self) -> dict: ...
-    def save(self, directory, include_secret_key: bool = False) -> dict: ...
+    def save(self, directory, include_secret_key: bool = False, client_files=None) -> dict: ...
 
 
 class Codec(Protocol):
@@ -174,8 +175,10 @@ class CompiledModel:
     def report(self) -> dict:
         return self.backend.report()
 
-    def save(self, directory, include_secret_key: bool = False) -> dict:
-        return save_artifacts(self.backend, directory, include_secret_key)
+    def save(self, directory, include_secret_key: bool = False, client_files=None) -> dict:
+        """``client_files(folder)``: writes what else the client needs (a text model's front end,
+        :class:`models.text.TextEncoder`) into the client folder, under its manifest."""
+        return save_artifacts(self.backend, directory, include_secret_key, client_files)
 
     def verify(self, x, limit: int = 500, repeats: int = 3) -> SimulationCheck:
         """Concrete's simulation of the compiled circuit against the clear integer program on up to
@@ -264,14 +267,23 @@ class SimulationCheck:
         )
 
 
-def save_artifacts(backend: Backend, directory, include_secret_key: bool = False) -> dict:
+def save_artifacts(
+    backend: Backend,
+    directory,
+    include_secret_key: bool = False,
+    client_files: Callable[[Path], None] | None = None,
+) -> dict:
     """Writes ``server/`` and (with ``include_secret_key``) ``client/``, each with a manifest of
-    SHA-256 digests, through a temporary folder renamed into place."""
-    return atomic_save(
-        directory,
-        lambda tmp: backend.save(tmp, include_secret_key=include_secret_key),
-        backend.scheme.value,
-    )
+    SHA-256 digests, through a temporary folder renamed into place; ``client_files`` adds files to
+    the client folder."""
+
+    def write(tmp: Path) -> dict:
+        written = backend.save(tmp, include_secret_key=include_secret_key)
+        if client_files is not None and "client" in written:
+            client_files(Path(written["client"]))
+        return written
+
+    return atomic_save(directory, write, backend.scheme.value)
 
 
 def compile_model(

@@ -72,45 +72,60 @@ def _click_type(hint, low) -> tuple[object, bool]:
 
 def options_from(config_type):
     """A decorator adding one ``--field-name`` option per field of ``config_type``, its default and
-    help from the dataclass. Field metadata may add ``help``, ``min`` (numbers), ``choices``,
-    ``option`` (another option name; the command still receives the field's name). A bool that
-    defaults to False is a flag, one that defaults to True an on/off pair. The command receives the
-    options as keyword arguments; :func:`config_from` rebuilds the configuration."""
+    help from the dataclass. Field metadata (:func:`fhe.api._common.option_field`) may add ``help``,
+    ``min`` (numbers), ``choices``, ``option`` (another option name; the command still receives the
+    field's name), ``pair`` (an on/off pair for a bool that defaults to False), ``json`` (a JSON
+    object, {} when not given) and ``cli=False`` (no option). A bool that defaults to False is a
+    flag, one that defaults to True an on/off pair. The command receives the options as keyword
+    arguments; :func:`config_from` rebuilds the configuration."""
     hints = typing.get_type_hints(config_type)
 
     def decorate(fn):
         for f in reversed(dataclasses.fields(config_type)):
-            meta = f.metadata
-            kind, flag = _click_type(hints[f.name], meta.get("min", 0))
-            name = meta.get("option", "--" + f.name.replace("_", "-"))
-            help_text = meta.get("help", "")
-            if flag and f.default is False:
-                fn = click.option(name, f.name, is_flag=True, help=help_text)(fn)
-            elif flag:
-                fn = click.option(
-                    f"{name}/--no-{name[2:]}",
-                    f.name,
-                    default=f.default,
-                    help=help_text,
-                    show_default=True,
-                )(fn)
-            else:
-                if "choices" in meta:
-                    kind = click.Choice([str(c) for c in meta["choices"]])
-                fn = click.option(
-                    name,
-                    f.name,
-                    type=kind,
-                    default=f.default,
-                    help=help_text,
-                    show_default=f.default is not None,
-                )(fn)
+            if f.metadata.get("cli", True):
+                fn = _option(f, hints[f.name])(fn)
         return fn
 
     return decorate
 
 
+def _option(f: dataclasses.Field, hint):
+    meta = f.metadata
+    name = meta.get("option", "--" + f.name.replace("_", "-"))
+    help_text = meta.get("help", "")
+    if meta.get("json"):
+        return click.option(
+            name,
+            f.name,
+            default=None,
+            help=help_text,
+            callback=lambda ctx, param, value: json_object(param, value),
+        )
+    kind, flag = _click_type(hint, meta.get("min", 0))
+    if flag and f.default is False and not meta.get("pair"):
+        return click.option(name, f.name, is_flag=True, help=help_text)
+    if flag:
+        return click.option(
+            f"{name}/--no-{name[2:]}",
+            f.name,
+            default=f.default,
+            help=help_text,
+            show_default=True,
+        )
+    if "choices" in meta:
+        kind = click.Choice([str(c) for c in meta["choices"]])
+    return click.option(
+        name,
+        f.name,
+        type=kind,
+        default=f.default,
+        help=help_text,
+        show_default=f.default is not None,
+    )
+
+
 def config_from(config_type, kwargs: dict):
     """The ``config_type`` instance made of the options :func:`options_from` added (removed from
     ``kwargs``)."""
-    return config_type(**{f.name: kwargs.pop(f.name) for f in dataclasses.fields(config_type)})
+    names = [f.name for f in dataclasses.fields(config_type) if f.metadata.get("cli", True)]
+    return config_type(**{name: kwargs.pop(name) for name in names})

@@ -59,6 +59,9 @@ def compile_cmd(model_path, json_path, out_dir, no_run, **opts) -> None:
 @click.option(
     "--sample", type=int, default=0, show_default=True, help="Index into the task's test split."
 )
+@click.option(
+    "--text", default=None, help="Text models: this text instead of a test sample (embedded here)."
+)
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
 @click.option(
     "--allow-overflow",
@@ -66,11 +69,12 @@ def compile_cmd(model_path, json_path, out_dir, no_run, **opts) -> None:
     help="TFHE: encrypt an input outside the calibrated widths anyway (the answer can be wrong).",
 )
 @library_errors
-def run_cmd(artifact_dir, sample, data_dir, allow_overflow) -> None:
-    """Encrypt a test sample with the client artifact, run it on the server artifact, decrypt."""
+def run_cmd(artifact_dir, sample, text, data_dir, allow_overflow) -> None:
+    """Encrypt a test sample (or --text) with the client artifact, run it on the server artifact,
+    decrypt."""
     from fhe import api
 
-    run = api.run_artifact(artifact_dir, sample, data_dir, allow_overflow)
+    run = api.run_artifact(artifact_dir, sample, data_dir, allow_overflow, text=text)
     click.echo(run.describe())
     for note in run.notes:
         echo_err(note)

@@ -27,8 +27,9 @@ from fhe_cli.fhe_options import SCHEMES
 @click.option(
     "--variants",
     default=None,
-    help="Comma list of inhibitor, signed-inhibitor, dot-product, power-softmax, dct, geglu "
-    "(default: inhibitor,dot-product under TFHE; every kind with a CKKS lowering under CKKS).",
+    help="Comma list of attention kinds (TFHE: inhibitor, signed-inhibitor, dot-product, "
+    "power-softmax, dct, geglu-only; default inhibitor,dot-product. CKKS: every kind with a "
+    "polynomial lowering; default one per family).",
 )
 @click.option(
     "--mode", type=click.Choice(["simulate", "execute"]), default="execute", show_default=True

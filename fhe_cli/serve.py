@@ -97,6 +97,7 @@ def serve_token(name, tokens_path, max_store_mb, requests_per_minute) -> None:
     default=None,
     help="A .npy file with one input (the model's input shape, floats).",
 )
+@click.option("--text", default=None, help="Text models: one text (the client embeds it).")
 @click.option(
     "--allow-overflow",
     is_flag=True,
@@ -104,7 +105,7 @@ def serve_token(name, tokens_path, max_store_mb, requests_per_minute) -> None:
 )
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None)
 @library_errors
-def client_cmd(client_dir, url, token, sample, input_path, allow_overflow, data_dir) -> None:
+def client_cmd(client_dir, url, token, sample, input_path, text, allow_overflow, data_dir) -> None:
     """Encrypt an input with CLIENT_DIR's keys, have the service at --url run it, decrypt the
     answer."""
     import httpx
@@ -112,17 +113,12 @@ def client_cmd(client_dir, url, token, sample, input_path, allow_overflow, data_
     from fhe import api
     from fhe.deploy.client import Client
 
-    if (sample is None) == (input_path is None):
-        raise click.UsageError("give exactly one of --sample N or --input FILE.npy")
+    if sum(v is not None for v in (sample, input_path, text)) != 1:
+        raise click.UsageError("give exactly one of --sample N, --text TEXT or --input FILE.npy")
     client = Client(
         client_dir, url, token=token or os.environ.get("FHE_TOKEN"), allow_overflow=allow_overflow
     )
-    if input_path is not None:
-        x, label = api.read_input(input_path), None
-    else:
-        x, label = api.pick_test_sample(
-            api.load_task_of_artifact(client.meta, data_dir), sample, client.meta["task"]
-        )
+    x, label = api.client_input(client, sample, text, input_path, data_dir)
     if client.scheme is Scheme.CKKS:
         x = x[None]
     try:

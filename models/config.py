@@ -38,6 +38,9 @@ class InputKind(str, Enum):
 
     TOKENS = "tokens"
     PATCHES = "patches"
+    # vectors a client computed from its tokens (embedding lookup, segment means, positions): the
+    # model's first layer is the identity; made by models.text.split_text_model, never trained
+    EMBEDDED = "embedded"
 
 
 # the kinds whose attention takes a mask (key padding, causal); the others are token-local
@@ -67,6 +70,10 @@ class TransformerConfig:
     ``mask_padding`` (token inputs): padding keys are masked out of every attention that takes a
     mask (:data:`MASKED_KINDS`), so a padded sequence gives the logits of the unpadded one.
     ``causal``: query i attends keys j <= i only.
+    ``words`` (token inputs): the model reads this many words and mean-pools them into ``seq_len``
+    contiguous segments of (nearly) equal length before the positions are added
+    (:func:`models.text.segment_means`), so every position holds real words and no padding enters
+    attention; under encryption the client computes this front end (:mod:`models.text`).
     """
 
     seq_len: int
@@ -91,6 +98,7 @@ class TransformerConfig:
     tie_qk: bool = False
     mask_padding: bool = True  # token inputs: no query attends a padding key (and pooling skips it)
     causal: bool = False  # query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask)
+    words: int | None = None  # token inputs: words read, pooled into seq_len segments
 
     def __post_init__(self) -> None:
         for name, enum in (
@@ -124,6 +132,13 @@ class TransformerConfig:
             raise ValueError(
                 f"causal attention is an option of {', '.join(k.value for k in MASKED_KINDS)}, "
                 f"not of {self.attention.value}"
+            )
+        if self.words is not None and (
+            self.input_kind is not InputKind.TOKENS or self.words < self.seq_len
+        ):
+            raise ValueError(
+                f"words={self.words} (words pooled into seq_len={self.seq_len} segments) needs "
+                "token inputs and at least one word per segment"
             )
         if self.dct_n_bar is not None and not 0 < self.dct_n_bar <= self.seq_len:
             raise ValueError(

@@ -63,13 +63,13 @@ def seed_everything(seed: int) -> None:
 
 def config_for_task(task: TaskData, **overrides) -> TransformerConfig:
     """A TransformerConfig whose input/output sizes match ``task``."""
-    return TransformerConfig(
+    fields = dict(
         seq_len=task.seq_len,
         in_features=task.in_features,
         n_outputs=task.n_outputs,
         input_kind=task.input_kind,
-        **overrides,
     )
+    return TransformerConfig(**{**fields, **overrides})
 
 
 @torch.no_grad()

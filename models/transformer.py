@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from models.attention import build_attention
 from models.config import InputKind, TransformerConfig
 from models.layers import FeedForward, make_norm
+from models.text import segment_means
 
 
 def _takes_mask(mixer: nn.Module, mask: Tensor | None) -> bool:
@@ -50,19 +51,31 @@ class Transformer(nn.Module):
         else:
             self.embed = nn.Linear(config.in_features, config.d_model)
         self.pos = nn.Parameter(torch.randn(config.seq_len, config.d_model) * 0.02)
+        if config.input_kind is InputKind.EMBEDDED:  # the client embedded: identity, no positions
+            identity = nn.Linear(config.d_model, config.d_model)
+            with torch.no_grad():
+                identity.weight.copy_(torch.eye(config.d_model))
+                identity.bias.zero_()
+                self.pos.zero_()
+            self.embed = identity.requires_grad_(False)
+            self.pos.requires_grad_(False)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = make_norm(config)
         self.head = nn.Linear(config.d_model, config.n_outputs)
 
     def features(self, x: Tensor) -> Tensor:
         """Encoder output before pooling, (B, T, C)."""
-        T = x.shape[1]
-        if self.config.seq_len < T:
+        T, words = x.shape[1], self.config.words
+        if (words or self.config.seq_len) < T:
             raise ValueError(
-                f"input has {T} positions but the model was built for seq_len={self.config.seq_len}"
+                f"input has {T} positions but the model was built for "
+                f"{f'words={words}' if words else f'seq_len={self.config.seq_len}'}"
             )
         mask = self.attention_mask(x)
-        h = self.embed(x) + self.pos[:T]  # (B, T, C)
+        if words:  # the text front end (models.text): segment means of the word embeddings
+            h = segment_means(self.embed(x), x, self.config.seq_len) + self.pos
+        else:
+            h = self.embed(x) + self.pos[:T]  # (B, T, C)
         for block in self.blocks:
             h = block(h, mask)
         return self.norm(h)
@@ -71,9 +84,10 @@ class Transformer(nn.Module):
         """(B or 1, 1, T, T), True where query i may attend key j: keys that are not padding (token
         inputs with ``mask_padding``) and, with ``causal``, j <= i (PowerSoftmax paper Eq. 11's
         M); None when nothing is masked."""
-        T = x.shape[1]
+        cfg = self.config
+        T = cfg.seq_len if cfg.words else x.shape[1]
         mask = None
-        if self.config.input_kind is InputKind.TOKENS and self.config.mask_padding:
+        if cfg.input_kind is InputKind.TOKENS and cfg.mask_padding and not cfg.words:
             mask = (x != 0)[:, None, None, :]  # (B, 1, 1, T): padding keys out
         if self.config.causal:
             tril = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T)
@@ -82,7 +96,7 @@ class Transformer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.features(x)  # (B, T, C)
-        if self.config.input_kind is InputKind.TOKENS:
+        if self.config.input_kind is InputKind.TOKENS and not self.config.words:
             keep = (x != 0).unsqueeze(-1).to(h.dtype)  # (B, T, 1): mean over non-padding tokens
             pooled = (h * keep).sum(1) / keep.sum(1).clamp_min(1.0)
         else:

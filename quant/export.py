@@ -127,8 +127,9 @@ def check_exportable(model: Transformer) -> None:
     cfg = model.config
     if cfg.input_kind is InputKind.TOKENS:
         raise ExportError(
-            "token-id inputs (embedding table lookups on encrypted ids) are not supported by the "
-            "integer program yet; export a model with patch (feature-vector) inputs"
+            "token-id inputs: the client embeds its words (an encrypted lookup over the vocabulary "
+            "is a 14-bit table per embedding column); split the model first "
+            "(models.text.split_text_model; `fhe compile` does it for models trained with --words)"
         )
     if cfg.causal:
         raise ExportError(
@@ -148,9 +149,12 @@ def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
     cfg = model.config
     inp, _ = low.input(x)
     T = inp.shape[0]
-    h = low.linear(inp, model.embed.weight, model.embed.bias, "embed", "embed")
-    h = low.add_const(h, model.pos[:T], "embed.pos", "embed")
-    h = low.requant(h, "embed.out", "embed", signed=True)
+    if cfg.input_kind is InputKind.EMBEDDED:  # the client embedded (models.text): h₀ is the input
+        h = inp
+    else:
+        h = low.linear(inp, model.embed.weight, model.embed.bias, "embed", "embed")
+        h = low.add_const(h, model.pos[:T], "embed.pos", "embed")
+        h = low.requant(h, "embed.out", "embed", signed=True)
     blocks = list(model.blocks)
     fold = low.config.client_pooling and low.config.fold_last_residual and blocks[-1].has_ffn
     for b, block in enumerate(blocks):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from models.config import InputKind
 from models.fold import fold_norms
 from models.progress import progress_bar
 from models.tasks import TaskData
@@ -136,4 +137,8 @@ def train_program(
 def _trainable_copy(model: Transformer) -> Transformer:
     copy = Transformer(model.config)
     copy.load_state_dict(model.state_dict())
-    return copy.train(False).requires_grad_(True)
+    copy.train(False).requires_grad_(True)
+    if copy.config.input_kind is InputKind.EMBEDDED:  # the client's identity input layer stays
+        copy.embed.requires_grad_(False)
+        copy.pos.requires_grad_(False)
+    return copy

@@ -18,6 +18,7 @@ from fhe.api.artifacts import (
     ArtifactRun,
     BatchOutcome,
     batch_artifact,
+    client_input,
     load_task_of_artifact,
     pick_test_sample,
     read_input,
@@ -41,8 +42,10 @@ from fhe.api.compile import (
 from fhe.api.recipes import Recipe, recipe_for
 from fhe.api.schemes import SchemeSteps, steps_for
 from fhe.api.train import (
+    EncryptionInputs,
     TrainOutcome,
     TrainRequest,
+    load_for_encryption,
     load_model_and_task,
     quantize_file,
     train_model,
@@ -55,6 +58,7 @@ __all__ = [
     "CircuitMismatchError",
     "Compilation",
     "CompileOptions",
+    "EncryptionInputs",
     "LayoutChoice",
     "NoParametersError",
     "Recipe",
@@ -65,9 +69,11 @@ __all__ = [
     "batch_artifact",
     "check_circuit",
     "choose_layout",
+    "client_input",
     "compare_file",
     "compile_file",
     "keygen",
+    "load_for_encryption",
     "load_model_and_task",
     "load_task_of_artifact",
     "one_encrypted_sample",

@@ -21,8 +21,8 @@ class ArtifactRun:
     decrypts."""
 
     scheme: str
-    sample: int
-    label: int
+    sample: int | None  # None: a text given on the command line
+    label: int | None
     logits: np.ndarray
     seconds: float
     notes: tuple[str, ...] = ()
@@ -33,8 +33,9 @@ class ArtifactRun:
 
     def describe(self) -> str:
         scheme = ", CKKS" if Scheme(self.scheme) is Scheme.CKKS else ""
+        what = "text" if self.sample is None else f"sample {self.sample}: label {self.label},"
         return (
-            f"sample {self.sample}: label {self.label}, encrypted prediction {self.prediction} "
+            f"{what} encrypted prediction {self.prediction} "
             f"({self.seconds:.1f} s{scheme}); logits {np.round(self.logits, 3).tolist()}"
         )
 
@@ -45,7 +46,10 @@ def load_task_of_artifact(meta: dict, data_dir: str | Path | None = None):
 
     try:
         return load_task(
-            meta["task"], data_dir=data_dir, seq_len=meta["seq_len"], patch=meta.get("patch")
+            meta["task"],
+            data_dir=data_dir,
+            seq_len=meta.get("words") or meta["seq_len"],  # a text model reads `words` words
+            patch=meta.get("patch"),
         )
     except DataFileError as exc:
         raise BadOptionError(str(exc)) from exc
@@ -61,15 +65,43 @@ def pick_test_sample(data, index: int, task: str) -> tuple[np.ndarray, int]:
     return data.x_test[index].numpy(), int(data.y_test[index])
 
 
+def client_input(
+    client,
+    sample: int | None = None,
+    text: str | None = None,
+    input_path: str | Path | None = None,
+    data_dir: str | Path | None = None,
+) -> tuple[np.ndarray, int | None]:
+    """One input for ``client`` (:class:`~fhe.deploy.client.Client`) and its label (None when
+    unknown), from exactly one of: test sample ``sample`` of the artifact's task, a ``text`` (a
+    text model: the client's front end embeds it), a ``.npy`` file."""
+    if sum(v is not None for v in (sample, text, input_path)) != 1:
+        raise BadOptionError("give exactly one of --sample N, --text TEXT or --input FILE.npy")
+    if text is not None:
+        try:
+            return client.encode_text(text), None
+        except FheError as exc:
+            raise BadOptionError(f"--text: {exc}") from exc
+    if input_path is not None:
+        return read_input(input_path), None
+    x, label = pick_test_sample(
+        load_task_of_artifact(client.meta, data_dir), sample, client.meta["task"]
+    )
+    if client.text is not None:  # token ids: embedded on the client, as a text would be
+        x = client.text.embed_ids(x[None])[0]
+    return x, label
+
+
 def run_artifact(
     artifact_dir: str | Path,
-    sample: int = 0,
+    sample: int | None = 0,
     data_dir: str | Path | None = None,
     allow_overflow: bool = False,
+    text: str | None = None,
 ) -> ArtifactRun:
-    """``fhe run``: test sample ``sample`` through ``artifact_dir``'s client and server, in this
-    process (a CKKS program planned with client-assisted refreshes gets them from the client
-    here)."""
+    """``fhe run``: test sample ``sample`` (or a ``text``, for a text model) through
+    ``artifact_dir``'s client and server, in this process (a CKKS program planned with
+    client-assisted refreshes gets them from the client here)."""
     from fhe.deploy.client import Client, dequantize_output, quantize_input
 
     artifact_dir = Path(artifact_dir)
@@ -80,7 +112,7 @@ def run_artifact(
     except (FileNotFoundError, RuntimeError) as exc:
         raise FheError(str(exc)) from exc
     meta = client.meta
-    x, label = pick_test_sample(load_task_of_artifact(meta, data_dir), sample, meta["task"])
+    x, label = client_input(client, None if text is not None else sample, text, None, data_dir)
     local = client.local
     start = time.perf_counter()
     if client.scheme is Scheme.TFHE:
@@ -91,7 +123,8 @@ def run_artifact(
         logits = local.decrypt(server.run(local.encrypt(x[None]), local.refresh(server.context)))[0]
     seconds = time.perf_counter() - start
     notes = tuple(client.warnings)
-    return ArtifactRun(client.scheme, sample, label, np.asarray(logits).reshape(-1), seconds, notes)
+    shown = None if text is not None else sample
+    return ArtifactRun(client.scheme, shown, label, np.asarray(logits).reshape(-1), seconds, notes)
 
 
 def _open_server(scheme: str, folder: Path):
@@ -139,6 +172,8 @@ def batch_artifact(
     client = Client(artifact_dir / "client")
     data = load_task_of_artifact(client.meta, data_dir)
     x, y = data.x_test[:n].numpy(), data.y_test[:n].numpy()
+    if client.text is not None:  # token ids: the client embeds them
+        x = client.text.embed_ids(x)
     if client.scheme is Scheme.TFHE:
         groups = list(x)
     else:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fhe.api._common import Echo
+from fhe.api._common import Echo, option_field
 from fhe.api._common import silent as _silent
 from fhe.api.schemes import SchemeSteps, steps_for
 from fhe.api.schemes.ckks import LayoutChoice, choose_layout
 from fhe.api.schemes.tfhe import CircuitMismatchError, NoParametersError
-from fhe.api.train import load_model_and_task
+from fhe.api.train import load_for_encryption
 from fhe.errors import BadOptionError
 from fhe.schemes import RANGES, Scheme
 from quant.config import RangeMode
@@ -39,98 +39,93 @@ SCHEMES = tuple(s.value for s in Scheme)
 LAYOUTS = ("auto", "batch", "packed")  # auto: fhe/api/schemes/ckks.py's choose_layout
 
 
-def _opt(default, help: str, **extra):
-    """A field with the help text (and ``option`` name, ``choices``) its CLI option shows."""
-    return field(default=default, metadata={"help": help, **extra})
-
-
 @dataclass(frozen=True)
 class CompileOptions:
     """``fhe compile``/``fhe compare``'s options for either scheme, declared once: the CLI's options
     are generated from these fields (their defaults and help). TFHE quantization options left None
     take what the model file records (``fhe train --qat-bits``), else the TFHE defaults."""
 
-    scheme: str = _opt("tfhe", "", choices=SCHEMES)
+    scheme: str = option_field("tfhe", "", choices=SCHEMES)
     # TFHE
-    n_bits: int | None = _opt(
+    n_bits: int | None = option_field(
         None,
         "TFHE activation bits (default: what the model was trained for with --qat-bits, else 6).",
     )
-    weight_bits: int | None = _opt(None, "TFHE weight bits (default 4).")
-    input_bits: int | None = _opt(None, "TFHE input bits (default 4).")
-    attention_bits: int | None = _opt(
+    weight_bits: int | None = option_field(None, "TFHE weight bits (default 4).")
+    input_bits: int | None = option_field(None, "TFHE input bits (default 4).")
+    attention_bits: int | None = option_field(
         None,
         "TFHE bits of Q, K and V, which set the width of every attention lookup (default 3).",
     )
-    rounding_bits: int | None = _opt(None, "LSBs every table lookup rounds away first.")
-    lut_bits: int | None = _opt(
+    rounding_bits: int | None = option_field(None, "LSBs every table lookup rounds away first.")
+    lut_bits: int | None = option_field(
         None, "Round each lookup's input down to at most this many bits (default 5; 0: off)."
     )
-    attention_lut_bits: int | None = _opt(
+    attention_lut_bits: int | None = option_field(
         None,
         "TFHE, Inhibitor kinds: the lookups that produce Q, K and V read at most this many bits "
         "(default 4; 0: as --lut-bits).",
     )
-    range_mode: str | None = _opt(
+    range_mode: str | None = option_field(
         None,
         "Calibration ranges (default percentile: clips outliers).",
         choices=tuple(m.value for m in RangeMode),
     )
-    rounding: str = _opt(
+    rounding: str = option_field(
         "exact",
         "TFHE: Concrete's exact rounding (encrypted == clear program), or its approximate rounding "
         "(cheaper; values near a rounding boundary may read the neighbouring entry).",
         choices=("exact", "approximate"),
     )
-    ranges: str = _opt(
+    ranges: str = option_field(
         "calibrated",
         "TFHE: bit widths from the calibration set (inputs that would overflow one are refused by "
         "the client), or proven by interval arithmetic for every accepted input (wider, slower).",
         choices=RANGES,
     )
-    compress_keys: bool = _opt(
+    compress_keys: bool = option_field(
         True,
         "TFHE: seeded evaluation keys (~4-5x fewer bytes to store and upload; the server expands "
         "them on load, same memory and speed there).",
     )
-    p_error: float | None = _opt(None, "Per-PBS error probability.")
-    global_p_error: float | None = _opt(1e-5, "")
-    n_calib: int | None = _opt(
+    p_error: float | None = option_field(None, "Per-PBS error probability.")
+    global_p_error: float | None = option_field(1e-5, "")
+    n_calib: int | None = option_field(
         None,
         "Calibration samples from the training split (default: 2000 for TFHE; 5000 for CKKS, whose "
         "polynomials diverge outside their intervals, so intervals must cover the tails).",
         option="--calib",
     )
-    inputset: int = _opt(500, "Calibration samples Concrete evaluates when compiling.")
-    data_dir: Path | None = _opt(None, "")
+    inputset: int = option_field(500, "Calibration samples Concrete evaluates when compiling.")
+    data_dir: Path | None = option_field(None, "")
     # CKKS
-    poly_modulus_degree: int | None = _opt(
+    poly_modulus_degree: int | None = option_field(
         None,
         "CKKS ring size (default: the smallest whose 128-bit chain holds the program's depth).",
         choices=("8192", "16384", "32768"),
     )
-    scale_bits: int = _opt(40, "CKKS scale 2^bits.")
-    outer_bits: int = _opt(
+    scale_bits: int = option_field(40, "CKKS scale 2^bits.")
+    outer_bits: int = option_field(
         60,
         "CKKS: bits of the chain's first and special primes (smaller ones leave room for more "
         "levels or a larger scale; the first must hold the output's integer part).",
     )
-    refresh: bool = _opt(
+    refresh: bool = option_field(
         False,
         "CKKS: allow client-assisted refreshes (the data owner decrypts and re-encrypts "
         "ciphertexts that run out of levels). Off by default; counted in the report.",
     )
-    reciprocal_tol: float = _opt(
+    reciprocal_tol: float = option_field(
         1e-2, "CKKS: relative error of the Goldschmidt 1/x (sets the iteration count)."
     )
-    activation_tol: float = _opt(
+    activation_tol: float = option_field(
         2e-2, "CKKS: max error of the GELU/ReLU polynomial on its interval (sets the degree)."
     )
-    max_degree: int = _opt(31, "CKKS: activation degree cap.")
-    margin: float = _opt(
+    max_degree: int = option_field(31, "CKKS: activation degree cap.")
+    margin: float = option_field(
         0.2, "CKKS: widen calibrated intervals by this fraction of their width on each side."
     )
-    layout: str = _opt(
+    layout: str = option_field(
         "auto",
         "CKKS: batch (samples in the SIMD slots: N/2 samples per run at the cost of one) or packed "
         "(one sample per ciphertext, rotations: the latency of one query). auto: packed for `fhe "
@@ -169,6 +164,7 @@ class Compilation:
     data: object
     compiled: object
     options: CompileOptions
+    text: object | None = None  # models.text.TextEncoder: the client's front end of a text model
 
     @property
     def scheme(self) -> str:
@@ -197,18 +193,20 @@ def compile_file(
     Concrete compiles without key material; CKKS: a program too deep for any chain is planned with
     ``refresh``). ``for_dataset``: the compilation serves many samples at once (CKKS ``--layout
     auto`` then picks the batch layout)."""
-    ckpt, data = load_model_and_task(model_path, options.data_dir)
+    inputs = load_for_encryption(model_path, options.data_dir)
+    ckpt, data = inputs.checkpoint, inputs.data
     meta = {
         "model_path": str(model_path),
         "task": ckpt.task["name"],
         "patch": (ckpt.task.get("meta") or {}).get("patch"),
+        "words": inputs.text.words if inputs.text else None,
     }  # what `fhe run` needs to rebuild inputs
     steps = steps_for(options.scheme)
     options = steps.prepare(options, meta, for_dataset)
     compiled = steps.compile(
         ckpt, data.x_train[: options.calib_samples], options, meta, simulate_only, on_message
     )
-    return Compilation(Path(model_path), ckpt, data, compiled, options)
+    return Compilation(Path(model_path), ckpt, data, compiled, options, inputs.text)
 
 
 def check_circuit(c: Compilation, on_message: Echo = _silent) -> None:
@@ -250,7 +248,9 @@ def save_artifacts(c: Compilation, out_dir: str | Path, on_message: Echo = _sile
     needed."""
     if not c.compiled.backend.has_keys:
         keygen(c, on_message)
-    return c.compiled.save(out_dir, include_secret_key=True)
+    return c.compiled.save(
+        out_dir, include_secret_key=True, client_files=c.text.save if c.text else None
+    )
 
 
 # ------------------------------------------------------------------------------------------

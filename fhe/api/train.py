@@ -6,54 +6,219 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fhe.api._common import option_field
+from fhe.api.recipes import Recipe
 from fhe.errors import BadOptionError, FheError
-
+from models.config import Activation, AttentionKind, InputKind, NormKind
+from models.presets import PRESETS
 
 # ------------------------------------------------------------------------------------------
 # training
+DEFAULT_SEGMENTS = 16  # --words without --seq-len: the text bucket T
+
+
+def _values(enum) -> tuple[str, ...]:
+    return tuple(e.value for e in enum)
+
+
 @dataclass(frozen=True)
 class TrainRequest:
-    """``fhe train``'s options; None takes the task preset (``models/presets.py``). ``recipe``
-    (``tfhe``, ``ckks``) fills the fields left at their defaults with a named recipe
-    (:mod:`fhe.api.recipes`)."""
+    """``fhe train``'s options, declared once (the command's options are generated from these
+    fields). None takes the task preset (``models/presets.py``). ``recipe`` (``tfhe``, ``ckks``)
+    fills the fields left at their defaults with a named recipe (:mod:`fhe.api.recipes`)."""
 
-    task: str = "digits"
-    recipe: str | None = None
-    attention: str = "inhibitor"
-    attention_given: bool = True  # False: ``attention`` is a default, and ``init_path``'s kind wins
-    layers: int | None = None
-    d_model: int | None = None
-    heads: int | None = None
-    d_ff: int | None = None
-    tie_qk: bool = False  # Inhibitor: K = Q
-    mask_padding: bool = True  # token inputs: attention never reads a padding key
-    causal: bool = False  # query i attends keys j <= i only
-    epochs: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    seed: int = 0
-    norm: str = "batchnorm"
-    ffn_activation: str = "relu"
-    seq_len: int | None = None
-    data_dir: Path | None = None
-    limit: int | None = None
-    patch: int | None = None
-    range_loss: float = 0.0
-    act_range_loss: float = 0.0
-    range_threshold: float = 0.0
-    act_range_threshold: float = 0.0
-    init_path: Path | None = None  # fine-tune this model file instead of training from scratch
-    power_eps: float | None = None
-    power_form: str | None = None
-    power_p: int | None = None
-    qat_bits: int | None = None  # fine-tune through the integer program (or brevitas) at these bits
-    qat_epochs: int | None = None
-    qat_method: str = "program"
-    qat_attention_bits: int | None = None
-    qat_lut_bits: int | None = None
-    qat_lr: float = 2e-3
-    # QuantConfig fields over the TFHE defaults (the qat_* options win); 0 turns a lut width off
-    qat_quant: dict = field(default_factory=dict)
+    task: str = option_field(
+        "digits",
+        "Training task.",
+        choices=tuple(PRESETS),
+    )
+    attention: str = option_field(
+        "inhibitor",
+        "Attention kind (docs/models.md: papers, equations, cost under each scheme).",
+        choices=_values(AttentionKind),
+    )
+    attention_given: bool = option_field(
+        True,
+        cli=False,
+    )  # False: a default; --init's kind wins
+    recipe: str | None = option_field(
+        None,
+        "A named recipe for the task (digits, imdb): tfhe (small lookups; digits: the make demo "
+        "model) or ckks (shallow polynomials); it sets every option you do not give.",
+        choices=_values(Recipe),
+    )
+    layers: int | None = option_field(
+        None,
+        "Number of blocks (task preset if omitted).",
+        min=1,
+    )
+    d_model: int | None = option_field(
+        None,
+        "Embedding width (task preset if omitted).",
+        min=1,
+    )
+    heads: int | None = option_field(
+        None,
+        "Attention heads (task preset if omitted).",
+        min=1,
+    )
+    d_ff: int | None = option_field(
+        None,
+        "FFN hidden width (default 2 x --d-model). Under TFHE each hidden unit costs one lookup"
+        " per token.",
+        min=1,
+    )
+    tie_qk: bool = option_field(
+        False,
+        "Inhibitor: K = Q (one projection; symmetric scores). Under TFHE: no K requantisation "
+        "and |q_i - q_j| for the T(T-1)/2 pairs only, instead of T^2.",
+        pair=True,
+    )
+    mask_padding: bool = option_field(
+        True,
+        "Token inputs (imdb): no attention reads a padding key, so a padded review gives the "
+        "logits of the unpadded one (dot-product, Inhibitor kinds, PowerSoftmax).",
+    )
+    causal: bool = option_field(
+        False,
+        "Query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask; dot-product, "
+        "Inhibitor kinds, PowerSoftmax).",
+    )
+    epochs: int | None = option_field(
+        None,
+        "Training epochs (task preset if omitted).",
+        min=1,
+    )
+    batch_size: int | None = option_field(
+        None,
+        "Batch size (task preset if omitted).",
+    )
+    lr: float | None = option_field(
+        None,
+        "Learning rate (task preset if omitted).",
+    )
+    seed: int = option_field(
+        0,
+        "Random seed (weights, data order).",
+    )
+    norm: str = option_field(
+        "batchnorm",
+        "batchnorm folds into the linear layers at export (free under TFHE and CKKS); layernorm"
+        " needs an encrypted 1/sqrt (CKKS only, with depth); none.",
+        choices=_values(NormKind),
+    )
+    ffn_activation: str = option_field(
+        "relu",
+        "FFN activation; quad (0.125x^2 + 0.25x + 0.5) is exact under CKKS at depth 1.",
+        choices=_values(Activation),
+    )
+    seq_len: int | None = option_field(
+        None,
+        "Sequence length: positions attention sees (adding: 100; imdb: 128 words, or 16 "
+        "segments with --words).",
+        min=1,
+    )
+    words: int | None = option_field(
+        None,
+        "imdb: read this many words and mean-pool them into --seq-len segments (the client's "
+        "front end under encryption: every position is real text, no padding mask; "
+        "docs/text.md).",
+        min=1,
+    )
+    data_dir: Path | None = option_field(
+        None,
+        "Folder of the task's data files (mnist, imdb); default ../shared/data/<task>.",
+    )
+    limit: int | None = option_field(
+        None,
+        "Use only the first N training samples.",
+    )
+    patch: int | None = option_field(
+        None,
+        "Image tasks: tokens of PATCH x PATCH pixels instead of rows (digits --patch 4: 4 "
+        "tokens of 16 pixels; attention's encrypted cost grows with the square of the token "
+        "count).",
+        min=1,
+    )
+    range_loss: float = option_field(
+        0.0,
+        "Weight of the PowerSoftmax range loss (Eq. 9).",
+    )
+    act_range_loss: float = option_field(
+        0.0,
+        "Weight of the activation range loss (max |FFN activation input|; narrows CKKS "
+        "polynomial fits).",
+    )
+    range_threshold: float = option_field(
+        0.0,
+        "Hinge for the range losses: penalise max |PowerSoftmax input| only beyond this (0: Eq."
+        " 9).",
+    )
+    act_range_threshold: float = option_field(
+        0.0,
+        "Hinge for the activation range loss.",
+    )
+    init_path: Path | None = option_field(
+        None,
+        "Start from this model.pt (e.g. range-minimisation fine-tuning, PowerSoftmax Alg. 1 "
+        "step 2); its architecture is kept, except --power-form.",
+        option="--init",
+    )
+    power_eps: float | None = option_field(
+        None,
+        "PowerSoftmax ε (Eq. 5; default 1e-3, or --init's); in the length-agnostic form it "
+        "bounds the CKKS division interval below.",
+    )
+    power_p: int | None = option_field(
+        None,
+        "PowerSoftmax power p, a positive even integer (Eq. 4; default 4): under CKKS x^p costs"
+        " log2(p) levels.",
+    )
+    power_form: str | None = option_field(
+        None,
+        "PowerSoftmax training form (default stable, or --init's): stable (Eqs. 5-6) or the "
+        "polynomial model's length-agnostic form with ε (Eq. 7), whose division interval ε "
+        "bounds from below.",
+        choices=("stable", "length-agnostic"),
+    )
+    qat_bits: int | None = option_field(
+        None,
+        "After float training, fine-tune through the TFHE integer program itself (activations "
+        "at N bits; the other widths from the TFHE defaults or the options below): its integer "
+        "program then reproduces the QAT model exactly. The model file records the "
+        "configuration for `fhe compile`.",
+    )
+    qat_epochs: int | None = option_field(
+        None,
+        "QAT fine-tuning epochs (default: --epochs).",
+        min=1,
+    )
+    qat_method: str = option_field(
+        "program",
+        "program: through the exported integer program; brevitas: quantized linear layers only.",
+        choices=("program", "brevitas"),
+    )
+    qat_attention_bits: int | None = option_field(
+        None,
+        "QAT: Q/K/V bits (TFHE default 3).",
+    )
+    qat_lut_bits: int | None = option_field(
+        None,
+        "QAT: lookup input bits (TFHE default 5).",
+    )
+    qat_lr: float = option_field(
+        0.002,
+        "QAT learning rate.",
+    )
+    qat_quant: dict = field(
+        default_factory=dict,
+        metadata=dict(
+            help='QAT: QuantConfig fields over the TFHE defaults as JSON, e.g. \'{"weight_bits": 6,'
+            ' "round_attention": true}\' (the --qat-* options win; 0 turns lut_bits or '
+            "attention_lut_bits off). The model file records the result.",
+            json=True,
+        ),
+    )
 
 
 @dataclass
@@ -153,7 +318,17 @@ def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
         return outcome
     from quant.program_qat import train_program
 
-    qat = train_program(result.model, data, quant, qat_config, progress=progress)
+    if model_config.input_kind is InputKind.TOKENS:  # the program starts at the client's vectors
+        from models.text import embedded_task, join_text_model, split_text_model
+
+        try:
+            text, inner = split_text_model(result.model, data.meta["vocab"])
+        except ValueError as exc:
+            raise BadOptionError(f"--qat-bits: {exc}") from exc
+        qat = train_program(inner, embedded_task(data, text), quant, qat_config, progress=progress)
+        qat.model = join_text_model(result.model, qat.model)
+    else:
+        qat = train_program(result.model, data, quant, qat_config, progress=progress)
     outcome.model, outcome.test_score = qat.model, qat.program_score
     outcome.extra.update(quant=quant.to_dict(), qat_history=qat.history)
     return outcome
@@ -190,7 +365,11 @@ def _training_setup(req: TrainRequest):
     preset = PRESETS[req.task]
     try:
         data = load_task(
-            req.task, data_dir=req.data_dir, seq_len=req.seq_len, limit=req.limit, patch=req.patch
+            req.task,
+            data_dir=req.data_dir,
+            seq_len=req.words or req.seq_len,
+            limit=req.limit,
+            patch=req.patch,
         )
     except (DataFileError, ValueError) as exc:
         raise BadOptionError(str(exc)) from exc
@@ -203,9 +382,15 @@ def _training_setup(req: TrainRequest):
         )
         if v is not None
     }
+    text = {}
+    if req.words is not None:
+        if data.input_kind is not InputKind.TOKENS:
+            raise BadOptionError(f"--words applies to token tasks (imdb), not {req.task}")
+        text = dict(words=req.words, seq_len=req.seq_len or DEFAULT_SEGMENTS)
     try:
         model_config = config_for_task(
             data,
+            **text,
             attention=req.attention,
             d_model=req.d_model or preset.d_model,
             n_heads=req.heads or preset.n_heads,
@@ -266,10 +451,40 @@ def load_model_and_task(model_path: str | Path, data_dir: str | Path | None = No
     if not ckpt.task:
         raise BadOptionError(f"{model_path} records no task")
     try:
-        data = load_task_of(ckpt.task, data_dir=data_dir, seq_len=ckpt.model.config.seq_len)
+        cfg = ckpt.model.config
+        data = load_task_of(ckpt.task, data_dir=data_dir, seq_len=cfg.words or cfg.seq_len)
     except DataFileError as exc:
         raise BadOptionError(str(exc)) from exc
     return ckpt, data
+
+
+@dataclass(frozen=True)
+class EncryptionInputs:
+    """What an encrypted program of a model file is built from: the checkpoint whose model the
+    program computes, the task data in the form the client encrypts, and the client's text front
+    end (None for feature inputs). A token model is split (:func:`models.text.split_text_model`):
+    the client embeds its words, the program starts at the embedded vectors."""
+
+    checkpoint: object
+    data: object
+    text: object | None = None  # models.text.TextEncoder
+
+
+def load_for_encryption(
+    model_path: str | Path, data_dir: str | Path | None = None
+) -> EncryptionInputs:
+    """The model file and its task as an encrypted program sees them (:class:`EncryptionInputs`);
+    :class:`BadOptionError` for a token model that cannot be split yet (padding masks, causal)."""
+    ckpt, data = load_model_and_task(model_path, data_dir)
+    if ckpt.model.config.input_kind is not InputKind.TOKENS:
+        return EncryptionInputs(ckpt, data)
+    from models.text import NoEncryptedTextError, embedded_task, split_text_model
+
+    try:
+        text, model = split_text_model(ckpt.model, (ckpt.task.get("meta") or {})["vocab"])
+    except (NoEncryptedTextError, KeyError) as exc:
+        raise BadOptionError(f"{model_path}: {exc}") from exc
+    return EncryptionInputs(dataclasses.replace(ckpt, model=model), embedded_task(data, text), text)
 
 
 def quantize_file(
@@ -287,7 +502,8 @@ def quantize_file(
     from quant import ExportError, OverflowPolicy, RangeOverflowError, export
     from quant.report import accuracy, program_summary
 
-    ckpt, data = load_model_and_task(model_path, data_dir)
+    inputs = load_for_encryption(model_path, data_dir)
+    ckpt, data = inputs.checkpoint, inputs.data
     try:
         program = export(ckpt.model, data.x_train[:n_calib], config)
     except ExportError as exc:

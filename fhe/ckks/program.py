@@ -275,8 +275,9 @@ def encode_clear(ar: ClearArith, x: np.ndarray | torch.Tensor) -> list[Val]:
 def check_model(config: TransformerConfig) -> None:
     if config.input_kind is InputKind.TOKENS:
         raise PolynomialError(
-            "token-id inputs: the embedding lookup has no polynomial form; the client would "
-            "have to embed its tokens before encryption (use a patch/feature-input task)"
+            "token-id inputs: the embedding lookup has no polynomial form, so the client embeds "
+            "its words; split the model first (models.text.split_text_model; `fhe compile` does "
+            "it for models trained with --words)"
         )
     if config.causal:
         raise PolynomialError(

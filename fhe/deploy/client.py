@@ -11,6 +11,7 @@ holds them and uploads them only once per server.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -84,6 +85,7 @@ class Client:
 
             self.scheme, self.local = Scheme.TFHE, TfheClient(client_dir)
         self.meta = self.local.meta
+        self.folder = client_dir
         headers = {"authorization": f"Bearer {token}"} if token else {}
         # a pooled connection idle for longer than the server keeps it (uvicorn: KEEP_ALIVE_S) can
         # be closed by the server just as a request goes out on it ("server disconnected without
@@ -102,6 +104,21 @@ class Client:
         self.allow_overflow = allow_overflow
         self.warnings: list[str] = []
         self.last_queue_s = 0.0
+
+    # ---------------------------------------------------------------------------------- text
+    @functools.cached_property
+    def text(self):
+        """The front end of a text model (:class:`models.text.TextEncoder`: tokenizer, vocabulary,
+        embedding table, positions), None for a model of feature vectors."""
+        from models.text import TEXT_JSON, TextEncoder
+
+        return TextEncoder.load(self.folder) if (self.folder / TEXT_JSON).exists() else None
+
+    def encode_text(self, text: str) -> np.ndarray:
+        """One text as the (T, d_model) vectors this model's program reads (in the clear, here)."""
+        if self.text is None:
+            raise FheError("this model takes feature vectors, not text: give an input array")
+        return self.text.encode([text])[0]
 
     # ----------------------------------------------------------------------------------- keys
     def public_keys(self) -> bytes:

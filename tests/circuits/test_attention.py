@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from circuits.attention import CircuitSpec, Variant, build
+from circuits.attention import CORES, CircuitSpec, build
+from models.config import AttentionKind
 
 
-@pytest.mark.parametrize("variant", list(Variant))
+@pytest.mark.parametrize("variant", CORES.kinds())
 def test_every_circuit_approximates_its_float_attention(variant):
     """At 8 bits the integer program's dequantized output follows the paper's equation computed in
     float (models.attention.functional) on the same dequantized inputs: small error relative to the
@@ -19,7 +20,7 @@ def test_every_circuit_approximates_its_float_attention(variant):
     assert got.shape == want.shape
     err = np.abs(got - want).mean()
     spread = np.abs(want - want.mean()).mean()
-    assert err < (0.3 if variant is Variant.POWER_SOFTMAX else 0.05) * spread, (
+    assert err < (0.3 if variant is AttentionKind.POWER_SOFTMAX else 0.05) * spread, (
         variant,
         err,
         spread,
@@ -32,21 +33,25 @@ def test_lower_precision_costs_accuracy_and_pbs_follow_the_paper():
     program)."""
     errs = {}
     for bits in (4, 8):
-        built = build(CircuitSpec(Variant.INHIBITOR, seq_len=4, d=2, n_bits=bits), n_calib=128)
+        built = build(
+            CircuitSpec(AttentionKind.INHIBITOR, seq_len=4, d=2, n_bits=bits), n_calib=128
+        )
         x = built.calib_ints[:64]
         errs[bits] = np.abs(
             built.graph.run(x, "clip")[0] * built.output_scale - built.reference(x)
         ).mean()
     assert errs[8] < errs[4]
-    inh = build(CircuitSpec(Variant.INHIBITOR, seq_len=8, d=2, n_bits=6)).graph.pbs_estimate()
-    dot = build(CircuitSpec(Variant.DOT_PRODUCT, seq_len=8, d=2, n_bits=6)).graph.pbs_estimate()
+    inh = build(CircuitSpec(AttentionKind.INHIBITOR, seq_len=8, d=2, n_bits=6)).graph.pbs_estimate()
+    dot = build(
+        CircuitSpec(AttentionKind.DOT_PRODUCT, seq_len=8, d=2, n_bits=6)
+    ).graph.pbs_estimate()
     assert inh < dot
 
 
 def test_bad_specs_are_refused():
     with pytest.raises(ValueError, match="seq_len"):
-        CircuitSpec(Variant.INHIBITOR, seq_len=0)
+        CircuitSpec(AttentionKind.INHIBITOR, seq_len=0)
     with pytest.raises(ValueError, match="n_bits"):
-        CircuitSpec(Variant.INHIBITOR, seq_len=4, n_bits=1)
+        CircuitSpec(AttentionKind.INHIBITOR, seq_len=4, n_bits=1)
     with pytest.raises(ValueError):
         CircuitSpec("fourier", seq_len=4)

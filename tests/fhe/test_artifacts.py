@@ -5,16 +5,17 @@ import json
 
 import pytest
 
-from circuits.attention import CircuitSpec, Variant, build
+from circuits.attention import CircuitSpec, build
 from fhe.artifacts import MANIFEST, ArtifactError, atomic_save, verify
 from fhe.schemes import TfheParams
 from fhe.tfhe.backend import TfheBackend, TfheClient, TfheServer
+from models.config import AttentionKind
 from quant.config import QuantConfig
 
 
 @pytest.fixture(scope="module")
 def backend():
-    built = build(CircuitSpec(Variant.INHIBITOR, 2, d=2, n_bits=3))
+    built = build(CircuitSpec(AttentionKind.INHIBITOR, 2, d=2, n_bits=3))
     return TfheBackend.compile(
         built.graph, built.calib_ints, TfheParams(quant=QuantConfig(n_bits=3), inputset_size=16)
     )

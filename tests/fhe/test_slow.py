@@ -72,10 +72,10 @@ def test_whole_model_simulation_equals_clear_on_10000_inputs():
 
 @pytest.mark.parametrize("variant", ["inhibitor", "dot-product", "signed-inhibitor", "geglu"])
 def test_attention_circuits_encrypted_equal_clear_on_100_inputs(variant):
-    from circuits.attention import CircuitSpec, Variant, build
+    from circuits.attention import CircuitSpec, build
     from fhe.tfhe.backend import TfheBackend
 
-    built = build(CircuitSpec(Variant(variant), 2, d=2, n_bits=4, lut_bits=5))
+    built = build(CircuitSpec(variant, 2, d=2, n_bits=4, lut_bits=5))
     params = TfheParams(quant=QuantConfig(n_bits=4), inputset_size=64)
     backend = TfheBackend.compile(built.graph, built.calib_ints, params)
     backend.keygen()

@@ -4,10 +4,11 @@ reports, and the client/server split."""
 import numpy as np
 import pytest
 
-from circuits.attention import CircuitSpec, Variant, build
+from circuits.attention import CORES, CircuitSpec, build
 from fhe.artifacts import atomic_save
 from fhe.schemes import TfheParams
 from fhe.tfhe.backend import TfheBackend, TfheClient, TfheServer
+from models.config import AttentionKind
 from quant.config import QuantConfig
 from quant.ir import Graph
 
@@ -43,7 +44,7 @@ def compile_circuit(variant, T=2, n_bits=3, simulate_only=True, lut_bits=None):
     return built, backend
 
 
-@pytest.mark.parametrize("variant", list(Variant), ids=lambda v: v.value)
+@pytest.mark.parametrize("variant", CORES.kinds(), ids=lambda v: v.value)
 def test_simulated_circuit_equals_clear_integer_program(variant):
     built, backend = compile_circuit(variant, lut_bits=5)
     xs = built.calib_ints[:8]
@@ -78,14 +79,14 @@ def test_mixed_sign_products_are_exact():
 
 
 def test_inhibitor_uses_about_half_the_pbs_of_dot_product():
-    _, inh = compile_circuit(Variant.INHIBITOR, T=4)
-    _, dot = compile_circuit(Variant.DOT_PRODUCT, T=4)
+    _, inh = compile_circuit(AttentionKind.INHIBITOR, T=4)
+    _, dot = compile_circuit(AttentionKind.DOT_PRODUCT, T=4)
     assert inh.report()["pbs_count"] * 1.8 < dot.report()["pbs_count"]
 
 
 @pytest.fixture(scope="module")
 def keyed_inhibitor():
-    built, backend = compile_circuit(Variant.INHIBITOR, T=2, n_bits=3, simulate_only=False)
+    built, backend = compile_circuit(AttentionKind.INHIBITOR, T=2, n_bits=3, simulate_only=False)
     backend.keygen()
     return built, backend
 

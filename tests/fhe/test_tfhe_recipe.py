@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from circuits.attention import CircuitSpec, Variant, build
+from circuits.attention import CircuitSpec, build
 from fhe.schemes import TfheParams
 from fhe.tfhe.backend import TfheBackend
 from fhe.tfhe.recipe import (
@@ -23,6 +23,7 @@ from fhe.tfhe.recipe import (
     resolve_quant,
 )
 from fhe_cli import main
+from models.config import AttentionKind
 from quant import QuantConfig
 
 FHE = Path(sys.executable).with_name("fhe")
@@ -38,7 +39,7 @@ def test_resolve_quant_takes_the_record_then_the_options():
 
 @pytest.fixture(scope="module")
 def backend():
-    built = build(CircuitSpec(Variant.INHIBITOR, 2, d=2, n_bits=3, lut_bits=4))
+    built = build(CircuitSpec(AttentionKind.INHIBITOR, 2, d=2, n_bits=3, lut_bits=4))
     return TfheBackend.compile(
         built.graph,
         built.calib_ints,

@@ -1,0 +1,197 @@
+"""Text on the client: tokens to the vectors an encrypted program reads.
+
+A text model (``fhe train --task imdb --words 256 --seq-len 16``) is split in two
+(:func:`split_text_model`):
+
+- the **front end**, which the client runs in the clear (:class:`TextEncoder`): the tokenizer, the
+  vocabulary, the embedding table, the segment means and the positions;
+- the **encrypted program**, a model of :attr:`~models.config.InputKind.EMBEDDED` inputs: the
+  blocks, the final norm, the pooling and the head.
+
+Why the client embeds: an encrypted lookup over a 10,000-word vocabulary is a 14-bit table per
+embedding column under TFHE and has no polynomial form under CKKS. What this reveals to the server:
+nothing but the bucket (the program's ``seq_len``); the client holds the embedding table, which is
+part of the model.
+
+Segments: the first ``words`` words of a review are cut into ``seq_len`` contiguous segments of
+(nearly) equal length and each segment is the mean of its words' embeddings
+(:func:`segment_means`). Every position then holds real words, whatever the review's length, so
+no padding mask enters the encrypted program and the sequence-length bucket is all the server
+learns. It is a client-side reduction of the sequence (fewer positions to attend over: T² lookups
+under TFHE), reported as such.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from models.config import InputKind, TransformerConfig
+
+TEXT_JSON = "text.json"
+TEXT_TENSORS = "text.safetensors"
+TOKENIZER = "imdb-regex-v1"  # models.tasks.imdb.tokenize: lower-case [a-z0-9']+ words, no HTML tags
+
+
+def segment_matrix(ids: Tensor, seq_len: int) -> Tensor:
+    """(B, seq_len, L): row t averages the words of segment t of each sample's non-padding prefix.
+
+    With n real words (right-padded ids, 0 = padding; n = 0 counts as one padding word), segment
+    t covers words [⌊t·n/T⌋, max(⌊(t+1)·n/T⌋, ⌊t·n/T⌋ + 1)): contiguous, in order, never empty (a
+    review of fewer than T words repeats words)."""
+    B, L = ids.shape
+    n = (ids != 0).sum(1).clamp_min(1)[:, None]  # (B, 1)
+    t = torch.arange(seq_len, device=ids.device)[None]  # (1, T)
+    start = torch.div(t * n, seq_len, rounding_mode="floor")
+    end = torch.maximum(torch.div((t + 1) * n, seq_len, rounding_mode="floor"), start + 1)
+    w = torch.arange(L, device=ids.device)[None, None]  # (1, 1, L)
+    inside = (w >= start[..., None]) & (w < end[..., None])  # (B, T, L)
+    return inside.float() / (end - start)[..., None].float()
+
+
+def segment_means(embedded: Tensor, ids: Tensor, seq_len: int) -> Tensor:
+    """(B, L, C) word embeddings → (B, seq_len, C) segment means (:func:`segment_matrix`)."""
+    return segment_matrix(ids, seq_len).to(embedded.dtype) @ embedded
+
+
+@dataclass(frozen=True)
+class TextEncoder:
+    """The client's front end of a text model: text → (T, d_model) vectors, in the clear."""
+
+    vocab: tuple[str, ...]
+    words: int
+    embedding: np.ndarray  # (V, d_model), row 0 (padding) zero
+    positions: np.ndarray  # (T, d_model)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.positions.shape[0])
+
+    def ids(self, texts: list[str]) -> Tensor:
+        """Token ids (N, words): the first ``words`` words, unknown ones as <unk>, right-padded."""
+        from models.tasks.imdb import encode
+
+        return encode(list(texts), list(self.vocab), self.words)
+
+    def embed_ids(self, ids: Tensor | np.ndarray) -> np.ndarray:
+        """(N, words) ids → (N, T, d_model) float32 (the model's precision; every path rounds the
+        same way): segment means of the embeddings + positions."""
+        ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+        if ids.ndim != 2 or ids.shape[1] > self.words:
+            raise ValueError(
+                f"expected token ids of shape (N, <= {self.words}), got {tuple(ids.shape)}"
+            )
+        if int(ids.min()) < 0 or int(ids.max()) >= len(self.vocab):
+            raise ValueError(f"token ids must lie in [0, {len(self.vocab)})")
+        table = torch.as_tensor(self.embedding, dtype=torch.float64)
+        means = segment_means(table[ids], ids, self.seq_len)
+        return (means + torch.as_tensor(self.positions, dtype=torch.float64)).float().numpy()
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """Texts → (N, T, d_model): what the client quantizes (TFHE) or packs (CKKS) and
+        encrypts."""
+        return self.embed_ids(self.ids(texts))
+
+    # ----------------------------------------------------------------------- files (no pickle)
+    def save(self, folder: str | Path) -> None:
+        from safetensors.numpy import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = {"tokenizer": TOKENIZER, "words": self.words, "vocab": list(self.vocab)}
+        (folder / TEXT_JSON).write_text(json.dumps(meta))
+        save_file(
+            {"embedding": self.embedding.astype(np.float32), "positions": self.positions},
+            str(folder / TEXT_TENSORS),
+        )
+
+    @classmethod
+    def load(cls, folder: str | Path) -> TextEncoder:
+        from safetensors.numpy import load_file
+
+        folder = Path(folder)
+        if not (folder / TEXT_JSON).exists():
+            raise FileNotFoundError(
+                f"{folder} has no {TEXT_JSON}: its model takes feature vectors, not text"
+            )
+        meta = json.loads((folder / TEXT_JSON).read_text())
+        if meta.get("tokenizer") != TOKENIZER:
+            raise ValueError(f"{folder / TEXT_JSON}: unknown tokenizer {meta.get('tokenizer')!r}")
+        tensors = load_file(str(folder / TEXT_TENSORS))
+        return cls(
+            tuple(meta["vocab"]),
+            int(meta["words"]),
+            tensors["embedding"].astype(np.float64),
+            tensors["positions"].astype(np.float64),
+        )
+
+
+class NoEncryptedTextError(ValueError):
+    """A token model whose front end cannot move to the client as it is."""
+
+
+def split_text_model(model, vocab: list[str]):
+    """(:class:`TextEncoder`, the model of embedded inputs) for a token model trained with
+    ``words``: model(ids) == program_model(encoder.embed_ids(ids)) up to float rounding."""
+    from models.transformer import Transformer
+
+    cfg: TransformerConfig = model.config
+    if cfg.input_kind is not InputKind.TOKENS:
+        raise NoEncryptedTextError("not a token model")
+    if cfg.words is None:
+        raise NoEncryptedTextError(
+            "this token model attends over padded word positions, whose padding mask has no "
+            "encrypted lowering yet; train it with --words N (N words pooled into --seq-len "
+            "segments on the client: every position is real, no mask needed)"
+        )
+    if cfg.causal:
+        raise NoEncryptedTextError("causal attention has no encrypted lowering yet")
+    encoder = TextEncoder(
+        tuple(vocab),
+        cfg.words,
+        model.embed.weight.detach().double().numpy().copy(),
+        model.pos.detach().double().numpy()[: cfg.seq_len].copy(),
+    )
+    inner = cfg.replace(
+        input_kind=InputKind.EMBEDDED, in_features=cfg.d_model, words=None, mask_padding=False
+    )
+    program_model = Transformer(inner)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith(("embed.", "pos"))}
+    program_model.load_state_dict(state, strict=False)
+    program_model.eval()
+    return encoder, program_model
+
+
+def join_text_model(model, program_model):
+    """``model`` (a token model) with the program's weights (blocks, norms, head) of
+    ``program_model`` (its split, e.g. after QAT through the integer program, norms folded): the
+    inverse of :func:`split_text_model`, keeping ``model``'s embedding table and positions."""
+    from models.transformer import Transformer
+
+    def front(key: str) -> bool:
+        return key.startswith(("embed.", "pos"))
+
+    joined = Transformer(model.config.replace(norm=program_model.config.norm))  # QAT folds norms
+    state = {k: v for k, v in model.state_dict().items() if front(k)}
+    state.update({k: v for k, v in program_model.state_dict().items() if not front(k)})
+    joined.load_state_dict(state)
+    return joined.eval()
+
+
+def embedded_task(data, encoder: TextEncoder):
+    """``data`` (a token task) as the program of a split model reads it: every sample's
+    (T, d_model) client vectors (:meth:`TextEncoder.embed_ids`)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        data,
+        x_train=torch.from_numpy(encoder.embed_ids(data.x_train)),
+        x_test=torch.from_numpy(encoder.embed_ids(data.x_test)),
+        input_kind=InputKind.EMBEDDED,
+        in_features=int(encoder.embedding.shape[1]),
+    )

@@ -1,0 +1,130 @@
+"""The text front end (models/text.py): segment means, the client/program split, its files."""
+
+import numpy as np
+import pytest
+import torch
+
+from models.config import InputKind, TransformerConfig
+from models.text import (
+    NoEncryptedTextError,
+    TextEncoder,
+    segment_matrix,
+    split_text_model,
+)
+from models.transformer import Transformer
+
+VOCAB = ["<pad>", "<unk>", "good", "bad", "film", "plot", "great", "awful"]
+
+
+def _segments_naive(ids: list[int], T: int) -> list[list[int]]:
+    """The word positions of each segment, written out with integer arithmetic."""
+    n = max(1, sum(1 for i in ids if i != 0))
+    out = []
+    for t in range(T):
+        start = t * n // T
+        end = max((t + 1) * n // T, start + 1)
+        out.append(list(range(start, end)))
+    return out
+
+
+@pytest.mark.parametrize("n_words", [0, 1, 3, 8, 13, 32])
+def test_segments_are_contiguous_nonempty_and_average_their_words(n_words):
+    L, T = 32, 8
+    ids = torch.zeros(1, L, dtype=torch.long)
+    ids[0, :n_words] = torch.arange(n_words) % 6 + 2
+    m = segment_matrix(ids, T)[0]
+    assert torch.allclose(m.sum(-1), torch.ones(T))  # each row a mean
+    for t, words in enumerate(_segments_naive(ids[0].tolist(), T)):
+        want = torch.zeros(L)
+        want[words] = 1.0 / len(words)
+        assert torch.allclose(m[t], want), (t, words)
+    if n_words >= T:  # every word in exactly one segment, none from the padding
+        assert ((m > 0).sum(0)[:n_words] == 1).all() and (m[:, n_words:] == 0).all()
+
+
+def _text_model(**kw) -> Transformer:
+    cfg = TransformerConfig(
+        seq_len=4,
+        in_features=len(VOCAB),
+        n_outputs=2,
+        input_kind=InputKind.TOKENS,
+        attention=kw.pop("attention", "inhibitor"),
+        d_model=8,
+        n_heads=2,
+        norm="batchnorm",
+        words=12,
+        **kw,
+    )
+    torch.manual_seed(1)
+    model = Transformer(cfg)
+    with torch.no_grad():  # running statistics that are not the identity
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("attention", ["inhibitor", "dot-product", "power-softmax"])
+def test_the_split_model_on_client_vectors_equals_the_token_model(attention):
+    model = _text_model(attention=attention)
+    ids = torch.randint(2, len(VOCAB), (5, 12))
+    ids[0, 7:] = 0  # a short review, right-padded
+    ids[1, 2:] = 0  # shorter than the bucket: words repeat
+    encoder, program_model = split_text_model(model, VOCAB)
+    assert program_model.config.input_kind is InputKind.EMBEDDED
+    with torch.no_grad():
+        want = model(ids).double().numpy()
+        got = program_model(torch.from_numpy(encoder.embed_ids(ids))).double().numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_padding_does_not_change_a_reviews_logits():
+    model = _text_model()
+    ids = torch.tensor([[2, 3, 4, 5, 6, 7, 2]])
+    padded = torch.cat([ids, torch.zeros(1, 5, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded), model(ids))
+
+
+def test_the_encoder_round_trips_through_json_and_safetensors(tmp_path):
+    encoder, _ = split_text_model(_text_model(), VOCAB)
+    encoder.save(tmp_path)
+    back = TextEncoder.load(tmp_path)
+    assert back.vocab == encoder.vocab and back.words == 12 and back.seq_len == 4
+    text = "A good film, a GREAT plot... not awful! <br />unseenword"
+    ids = back.ids([text])
+    assert ids[0, :9].tolist() == [1, 2, 4, 1, 6, 5, 1, 7, 1] and ids[0, 9:].eq(0).all()
+    np.testing.assert_allclose(back.encode([text]), encoder.encode([text]), atol=1e-6)
+    (tmp_path / "text.json").write_text('{"tokenizer": "bpe", "words": 3, "vocab": []}')
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        TextEncoder.load(tmp_path)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 8\)"):
+        encoder.embed_ids(np.array([[3, 99]]))
+
+
+def test_models_without_segments_or_with_causal_masks_are_refused_with_the_fix():
+    cfg = TransformerConfig(seq_len=12, in_features=8, n_outputs=2, input_kind=InputKind.TOKENS)
+    with pytest.raises(NoEncryptedTextError, match="--words"):
+        split_text_model(Transformer(cfg), VOCAB)
+    with pytest.raises(NoEncryptedTextError, match="causal"):
+        split_text_model(_text_model(causal=True), VOCAB)
+    with pytest.raises(ValueError, match="words=3"):
+        TransformerConfig(seq_len=4, in_features=8, n_outputs=2, input_kind="tokens", words=3)
+
+
+def test_joining_a_folded_program_back_gives_the_program_on_client_vectors():
+    from models.fold import fold_norms
+    from models.text import join_text_model
+
+    model = _text_model()
+    encoder, program_model = split_text_model(model, VOCAB)
+    folded = fold_norms(program_model)  # what QAT through the integer program returns
+    with torch.no_grad():
+        for p in folded.head.parameters():
+            p.add_(0.1)  # as if fine-tuned
+        joined = join_text_model(model, folded)
+        ids = torch.randint(2, len(VOCAB), (3, 12))
+        want = folded(torch.from_numpy(encoder.embed_ids(ids)))
+        torch.testing.assert_close(joined(ids), want, atol=1e-5, rtol=1e-5)
+    assert joined.config.norm.value == "none" and joined.config.words == 12
