@@ -124,9 +124,10 @@ def run_row(row: Row, work: Path, data_dir: str | None) -> dict:
     out["keys_mib"] = sum(sizes.get(k, 0) for k in public) / 2**20
     del c  # its keys: the comparison below makes its own (peak memory: one key set)
     gc.collect()
-    if row.scheme == "ckks":  # one packed query per review (the batch layout holds T² ciphertexts
-        # of every sample batch at once: ~10 GB at T = 16, out of reach beyond)
-        cmp = api.compare_file(path, opts, n=row.n_encrypted, mode="execute")
+    # CKKS: one packed query per review (the batch layout holds T² ciphertexts of every sample
+    # batch at once: ~10 GB at T = 16, out of reach beyond)
+    cmp = api.compare_file(path, opts, n=row.n_encrypted, mode="execute")
+    if row.scheme == "ckks":
         out.update(
             encrypted_acc=cmp["accuracy"]["encrypted"],
             float_acc_n=cmp["accuracy"]["float"],
@@ -138,7 +139,6 @@ def run_row(row: Row, work: Path, data_dir: str | None) -> dict:
             latency_s=float(np.median(cmp["latency_s"]["per_batch"])),
         )
     else:
-        cmp = api.compare_file(path, opts, n=row.n_encrypted, mode="execute")
         out.update(
             encrypted_acc=cmp["accuracy"]["execute"],
             float_acc_n=cmp["accuracy"]["float"],

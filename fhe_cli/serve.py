@@ -113,8 +113,6 @@ def client_cmd(client_dir, url, token, sample, input_path, text, allow_overflow,
     from fhe import api
     from fhe.deploy.client import Client
 
-    if sum(v is not None for v in (sample, input_path, text)) != 1:
-        raise click.UsageError("give exactly one of --sample N, --text TEXT or --input FILE.npy")
     client = Client(
         client_dir, url, token=token or os.environ.get("FHE_TOKEN"), allow_overflow=allow_overflow
     )

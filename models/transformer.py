@@ -46,22 +46,31 @@ class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
-        if config.input_kind is InputKind.TOKENS:
-            self.embed: nn.Module = nn.Embedding(config.in_features, config.d_model, padding_idx=0)
-        else:
-            self.embed = nn.Linear(config.in_features, config.d_model)
+        embed = (
+            nn.Embedding(config.in_features, config.d_model, padding_idx=0)
+            if config.input_kind is InputKind.TOKENS
+            else nn.Linear(config.in_features, config.d_model)
+        )
         self.pos = nn.Parameter(torch.randn(config.seq_len, config.d_model) * 0.02)
-        if config.input_kind is InputKind.EMBEDDED:  # the client embedded: identity, no positions
-            identity = nn.Linear(config.d_model, config.d_model)
-            with torch.no_grad():
-                identity.weight.copy_(torch.eye(config.d_model))
-                identity.bias.zero_()
+        if isinstance(embed, nn.Linear) and config.input_kind is InputKind.EMBEDDED:
+            with torch.no_grad():  # the client embedded: the identity, no positions
+                embed.weight.copy_(torch.eye(config.d_model))
+                embed.bias.zero_()
                 self.pos.zero_()
-            self.embed = identity.requires_grad_(False)
-            self.pos.requires_grad_(False)
+        self.embed: nn.Module = embed
+        self.requires_grad_(True)  # an embedded model's input layer stays fixed (requires_grad_)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = make_norm(config)
         self.head = nn.Linear(config.d_model, config.n_outputs)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Transformer:
+        """As :meth:`torch.nn.Module.requires_grad_`, except that an embedded model's input layer
+        (the identity and zero positions: the client computed them) never trains, whoever asks."""
+        super().requires_grad_(requires_grad)
+        if self.config.input_kind is InputKind.EMBEDDED:
+            self.embed.requires_grad_(False)
+            self.pos.requires_grad_(False)
+        return self
 
     def features(self, x: Tensor) -> Tensor:
         """Encoder output before pooling, (B, T, C)."""

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from models.config import InputKind
 from models.fold import fold_norms
 from models.progress import progress_bar
 from models.tasks import TaskData
@@ -137,8 +136,4 @@ def train_program(
 def _trainable_copy(model: Transformer) -> Transformer:
     copy = Transformer(model.config)
     copy.load_state_dict(model.state_dict())
-    copy.train(False).requires_grad_(True)
-    if copy.config.input_kind is InputKind.EMBEDDED:  # the client's identity input layer stays
-        copy.embed.requires_grad_(False)
-        copy.pos.requires_grad_(False)
-    return copy
+    return copy.train(False).requires_grad_(True)

@@ -18,6 +18,23 @@ class Recipe(str, Enum):
     CKKS = "ckks"  # shallow polynomials: the length-agnostic PowerSoftmax, x², quad activation
 
 
+# the PowerSoftmax paper's Alg. 1 with the shallow choices: x² and ε = 1 so one Goldschmidt step
+# meets 5e-2, the exact quad activation, BatchNorm folded, hinge range losses
+SHALLOW_POLYNOMIAL = dict(
+    attention="power-softmax",
+    norm="batchnorm",
+    power_form="length-agnostic",
+    range_loss=0.1,
+    range_threshold=1.0,
+    act_range_loss=0.05,
+    act_range_threshold=3.0,
+    ffn_activation="quad",
+    power_p=2,
+    power_eps=1.0,
+)
+# text: 512 words pooled on the client into 16 segments of width 8 (models/text.py)
+TEXT_FRONT_END = dict(words=512, seq_len=16, d_model=8, epochs=20, lr=1e-2)
+
 RECIPES: dict[tuple[str, Recipe], dict] = {
     # make demo's TFHE model: 4 tokens of 4x4 pixels, one head of 16, QAT at 5-bit activations
     # (benchmarks/results/digits_design_sweep_widths.md: 95.9% over 3 seeds, 2784 PBS)
@@ -30,60 +47,21 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
         qat_bits=5,
         qat_epochs=100,
     ),
-    # make demo's CKKS model (PowerSoftmax paper Alg. 1 with the shallow choices): x² and ε = 1 so
-    # one Goldschmidt step meets 5e-2, the exact quad activation, BatchNorm folded, hinge range
-    # losses: depth 10, one packed query at N = 16384
+    # make demo's CKKS model: depth 10, one packed query at N = 16384
     # (benchmarks/results/ckks_packed_digits_quad-batchnorm.md)
-    ("digits", Recipe.CKKS): dict(
-        attention="power-softmax",
-        norm="batchnorm",
-        power_form="length-agnostic",
-        d_model=16,
-        heads=2,
-        range_loss=0.1,
-        range_threshold=1.0,
-        act_range_loss=0.05,
-        act_range_threshold=3.0,
-        ffn_activation="quad",
-        power_p=2,
-        power_eps=1.0,
-        epochs=120,
-    ),
-    # text (docs/text.md): 512 words pooled on the client into 16 segments; K = Q and one head of 8
-    # keep the T² Inhibitor lookups at 2048; a short QAT at the TFHE defaults (6-bit activations,
-    # 3-bit Q/K/V) takes the integer program from 78.3% to 79.8% (benchmarks/results/text.md)
+    ("digits", Recipe.CKKS): dict(**SHALLOW_POLYNOMIAL, d_model=16, heads=2, epochs=120),
+    # text (docs/text.md): K = Q and one head of 8 keep the T² Inhibitor lookups at 2048; a short
+    # QAT at the TFHE defaults (6-bit activations, 3-bit Q/K/V) (benchmarks/results/text.md)
     ("imdb", Recipe.TFHE): dict(
+        **TEXT_FRONT_END,
         attention="inhibitor",
         tie_qk=True,
-        words=512,
-        seq_len=16,
-        d_model=8,
         heads=1,
-        epochs=20,
-        lr=1e-2,
         qat_bits=6,
         qat_epochs=3,
         qat_lr=1e-3,
     ),
-    # the digits CKKS recipe on the same text front end
-    ("imdb", Recipe.CKKS): dict(
-        attention="power-softmax",
-        norm="batchnorm",
-        power_form="length-agnostic",
-        words=512,
-        seq_len=16,
-        d_model=8,
-        heads=2,
-        range_loss=0.1,
-        range_threshold=1.0,
-        act_range_loss=0.05,
-        act_range_threshold=3.0,
-        ffn_activation="quad",
-        power_p=2,
-        power_eps=1.0,
-        epochs=20,
-        lr=1e-2,
-    ),
+    ("imdb", Recipe.CKKS): dict(**TEXT_FRONT_END, **SHALLOW_POLYNOMIAL, heads=2),
 }
 
 

@@ -73,6 +73,9 @@ def test_the_split_model_on_client_vectors_equals_the_token_model(attention):
     ids[1, 2:] = 0  # shorter than the bucket: words repeat
     encoder, program_model = split_text_model(model, VOCAB)
     assert program_model.config.input_kind is InputKind.EMBEDDED
+    program_model.requires_grad_(True)  # its input layer is the client's: it never trains
+    assert not program_model.embed.weight.requires_grad and not program_model.pos.requires_grad
+    assert all(p.requires_grad for p in program_model.blocks.parameters())
     with torch.no_grad():
         want = model(ids).double().numpy()
         got = program_model(torch.from_numpy(encoder.embed_ids(ids))).double().numpy()
