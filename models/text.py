@@ -94,8 +94,16 @@ class TextEncoder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Texts → (N, T, d_model): what the client quantizes (TFHE) or packs (CKKS) and
-        encrypts."""
-        return self.embed_ids(self.ids(texts))
+        encrypts. A text with no word the tokenizer keeps is refused (ValueError)."""
+        ids = self.ids(texts)
+        empty = [i for i in range(len(ids)) if not ids[i].any()]
+        if empty:
+            which = "the text" if len(ids) == 1 else f"text {empty[0]}"
+            raise ValueError(
+                f"{which} has no words (the tokenizer keeps letters, digits and apostrophes); "
+                "there is nothing to classify"
+            )
+        return self.embed_ids(ids)
 
     # ----------------------------------------------------------------------- files (no pickle)
     def save(self, folder: str | Path) -> None:

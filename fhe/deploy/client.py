@@ -118,7 +118,10 @@ class Client:
         """One text as the (T, d_model) vectors this model's program reads (in the clear, here)."""
         if self.text is None:
             raise FheError("this model takes feature vectors, not text: give an input array")
-        return self.text.encode([text])[0]
+        try:
+            return self.text.encode([text])[0]
+        except ValueError as exc:
+            raise FheError(str(exc)) from exc
 
     # ----------------------------------------------------------------------------------- keys
     def public_keys(self) -> bytes:

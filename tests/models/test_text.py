@@ -104,6 +104,8 @@ def test_the_encoder_round_trips_through_json_and_safetensors(tmp_path):
         TextEncoder.load(tmp_path)
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 8\)"):
         encoder.embed_ids(np.array([[3, 99]]))
+    with pytest.raises(ValueError, match="text 1 has no words"):
+        encoder.encode(["good", " <br /> ... "])
 
 
 def test_models_without_segments_or_with_causal_masks_are_refused_with_the_fix():
