@@ -47,7 +47,9 @@ class Row:
 
     @property
     def name(self) -> str:
-        return f"{self.scheme}-{self.attention}-L{self.layers}-T{self.seq_len}"
+        causal = "-causal" if self.options.get("causal") else ""
+        padded = "-padded" if "words" in self.options and self.options["words"] is None else ""
+        return f"{self.scheme}-{self.attention}-L{self.layers}-T{self.seq_len}{causal}{padded}"
 
 
 FULL = [
@@ -60,6 +62,12 @@ FULL = [
     Row("ckks", "power-softmax", 1, 32, 5),
     Row("ckks", "power-softmax", 1, 64, 3),
     Row("ckks", "power-softmax", 1, 128, 2),
+    # PowerSoftmax paper Eq. 11's causal mask: segment i reads segments j <= i
+    Row("tfhe", "inhibitor", 1, 16, 10, {"causal": True}),
+    Row("ckks", "power-softmax", 1, 16, 10, {"causal": True}),
+    # word positions (the first T words), right-padded, the key mask encrypted
+    Row("tfhe", "inhibitor", 1, 32, 3, {"words": None}),
+    Row("ckks", "power-softmax", 1, 32, 5, {"words": None}),
 ]
 QUICK = [Row("tfhe", "inhibitor", 1, 16, 2), Row("ckks", "power-softmax", 1, 16, 2)]
 
@@ -172,7 +180,9 @@ def markdown(results: list[dict], load: str, command: str) -> list[str]:
         "",
         f"Machine: 2 shared cores; load average at the start {load}. Each row trained with "
         "`fhe train --task imdb --recipe <scheme>` and the row's options (512 words pooled on the "
-        "client into T segments). Accuracy: float and clear program on all 4000 test reviews; "
+        "client into T segments; `-causal`: PowerSoftmax paper Eq. 11's mask; `-padded`: the "
+        "first T words, right-padded, the key mask encrypted). Accuracy: float and clear program "
+        "on all 4000 test reviews; "
         "encrypted on the first n. Latency: one review (TFHE) or one packed query (CKKS). "
         "Estimated rows were compiled, not run.",
         "",

@@ -316,6 +316,7 @@ def compile_model(
         "input_qmax": program.input_quantizer.qmax,
         "output_scale": np.asarray(program.output_scale).tolist(),
         "client_pools": program.client_pools,  # the client sums per-token outputs
+        "masked": program.masked,  # ... over its words, the last column its key mask
         **(meta or {}),
     }
     q = program.input_quantizer

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from fhe.api.compile import SCHEMES, CompileOptions
+from fhe.api.compilation import SCHEMES, CompileOptions
 from fhe_cli._common import options_from
 
 fhe_options = options_from(CompileOptions)

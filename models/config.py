@@ -68,12 +68,13 @@ class TransformerConfig:
     symmetric with a zero diagonal; under TFHE the program then needs |q_i − q_j| for the
     T(T − 1)/2 pairs i < j only and no K requantisation.
     ``mask_padding`` (token inputs): padding keys are masked out of every attention that takes a
-    mask (:data:`MASKED_KINDS`), so a padded sequence gives the logits of the unpadded one.
+    mask (:data:`MASKED_KINDS`), so a padded sequence gives the logits of the unpadded one; an
+    embedded input (the client's vectors of such a model) carries the mask as its last column.
     ``causal``: query i attends keys j <= i only.
     ``words`` (token inputs): the model reads this many words and mean-pools them into ``seq_len``
     contiguous segments of (nearly) equal length before the positions are added
-    (:func:`models.text.segment_means`), so every position holds real words and no padding enters
-    attention; under encryption the client computes this front end (:mod:`models.text`).
+    (:func:`models.segments.segment_means`), so every position holds real words and no padding
+    enters attention; under encryption the client computes this front end (:mod:`models.text`).
     """
 
     seq_len: int
@@ -139,6 +140,16 @@ class TransformerConfig:
             raise ValueError(
                 f"words={self.words} (words pooled into seq_len={self.seq_len} segments) needs "
                 "token inputs and at least one word per segment"
+            )
+        masked_embedded = self.input_kind is InputKind.EMBEDDED and self.mask_padding
+        if (
+            self.input_kind is InputKind.EMBEDDED
+            and self.in_features != self.d_model + masked_embedded
+        ):
+            raise ValueError(
+                f"embedded inputs have d_model={self.d_model} columns"
+                + (" and the key mask column" if masked_embedded else "")
+                + f", not in_features={self.in_features}"
             )
         if self.dct_n_bar is not None and not 0 < self.dct_n_bar <= self.seq_len:
             raise ValueError(

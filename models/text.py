@@ -15,10 +15,10 @@ part of the model.
 
 Segments: the first ``words`` words of a review are cut into ``seq_len`` contiguous segments of
 (nearly) equal length and each segment is the mean of its words' embeddings
-(:func:`segment_means`). Every position then holds real words, whatever the review's length, so
-no padding mask enters the encrypted program and the sequence-length bucket is all the server
-learns. It is a client-side reduction of the sequence (fewer positions to attend over: T² lookups
-under TFHE), reported as such.
+(:func:`models.segments.segment_means`). Every position then holds real words, whatever the
+review's length, so no padding mask enters the encrypted program and the sequence-length bucket is
+all the server learns. It is a client-side reduction of the sequence (fewer positions to attend
+over: T² lookups under TFHE), reported as such.
 """
 
 from __future__ import annotations
@@ -32,41 +32,27 @@ import torch
 from torch import Tensor
 
 from models.config import InputKind, TransformerConfig
+from models.segments import segment_means
+from models.transformer import Transformer
 
 TEXT_JSON = "text.json"
 TEXT_TENSORS = "text.safetensors"
 TOKENIZER = "imdb-regex-v1"  # models.tasks.imdb.tokenize: lower-case [a-z0-9']+ words, no HTML tags
 
 
-def segment_matrix(ids: Tensor, seq_len: int) -> Tensor:
-    """(B, seq_len, L): row t averages the words of segment t of each sample's non-padding prefix.
-
-    With n real words (right-padded ids, 0 = padding; n = 0 counts as one padding word), segment
-    t covers words [⌊t·n/T⌋, max(⌊(t+1)·n/T⌋, ⌊t·n/T⌋ + 1)): contiguous, in order, never empty (a
-    review of fewer than T words repeats words)."""
-    B, L = ids.shape
-    n = (ids != 0).sum(1).clamp_min(1)[:, None]  # (B, 1)
-    t = torch.arange(seq_len, device=ids.device)[None]  # (1, T)
-    start = torch.div(t * n, seq_len, rounding_mode="floor")
-    end = torch.maximum(torch.div((t + 1) * n, seq_len, rounding_mode="floor"), start + 1)
-    w = torch.arange(L, device=ids.device)[None, None]  # (1, 1, L)
-    inside = (w >= start[..., None]) & (w < end[..., None])  # (B, T, L)
-    return inside.float() / (end - start)[..., None].float()
-
-
-def segment_means(embedded: Tensor, ids: Tensor, seq_len: int) -> Tensor:
-    """(B, L, C) word embeddings → (B, seq_len, C) segment means (:func:`segment_matrix`)."""
-    return segment_matrix(ids, seq_len).to(embedded.dtype) @ embedded
-
-
 @dataclass(frozen=True)
 class TextEncoder:
-    """The client's front end of a text model: text → (T, d_model) vectors, in the clear."""
+    """The client's front end of a text model: text → (T, d_model) vectors, in the clear.
+
+    ``padded``: the model attends over ``words`` word positions (no segments), right-padded; each
+    row then carries one more column, the key mask (1: a word, 0: padding), which the program
+    reads encrypted (the server never learns the review's length)."""
 
     vocab: tuple[str, ...]
     words: int
     embedding: np.ndarray  # (V, d_model), row 0 (padding) zero
     positions: np.ndarray  # (T, d_model)
+    padded: bool = False
 
     @property
     def seq_len(self) -> int:
@@ -80,7 +66,8 @@ class TextEncoder:
 
     def embed_ids(self, ids: Tensor | np.ndarray) -> np.ndarray:
         """(N, words) ids → (N, T, d_model) float32 (the model's precision; every path rounds the
-        same way): segment means of the embeddings + positions."""
+        same way): segment means of the embeddings + positions; ``padded``: each word's embedding
+        + its position, and the key mask column (N, T, d_model + 1)."""
         ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
         if ids.ndim != 2 or ids.shape[1] > self.words:
             raise ValueError(
@@ -89,8 +76,13 @@ class TextEncoder:
         if int(ids.min()) < 0 or int(ids.max()) >= len(self.vocab):
             raise ValueError(f"token ids must lie in [0, {len(self.vocab)})")
         table = torch.as_tensor(self.embedding, dtype=torch.float64)
+        positions = torch.as_tensor(self.positions, dtype=torch.float64)
+        if self.padded:  # the model's own padding: id 0, embedding row 0 (zero)
+            ids = torch.nn.functional.pad(ids, (0, self.words - ids.shape[1]))
+            mask = (ids != 0).to(torch.float64)[..., None]
+            return torch.cat([table[ids] + positions, mask], dim=-1).float().numpy()
         means = segment_means(table[ids], ids, self.seq_len)
-        return (means + torch.as_tensor(self.positions, dtype=torch.float64)).float().numpy()
+        return (means + positions).float().numpy()
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Texts → (N, T, d_model): what the client quantizes (TFHE) or packs (CKKS) and
@@ -111,7 +103,12 @@ class TextEncoder:
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {"tokenizer": TOKENIZER, "words": self.words, "vocab": list(self.vocab)}
+        meta = {
+            "tokenizer": TOKENIZER,
+            "words": self.words,
+            "padded": self.padded,
+            "vocab": list(self.vocab),
+        }
         (folder / TEXT_JSON).write_text(json.dumps(meta))
         save_file(
             {"embedding": self.embedding.astype(np.float32), "positions": self.positions},
@@ -136,6 +133,7 @@ class TextEncoder:
             int(meta["words"]),
             tensors["embedding"].astype(np.float64),
             tensors["positions"].astype(np.float64),
+            bool(meta.get("padded", False)),
         )
 
 
@@ -144,29 +142,35 @@ class NoEncryptedTextError(ValueError):
 
 
 def split_text_model(model, vocab: list[str]):
-    """(:class:`TextEncoder`, the model of embedded inputs) for a token model trained with
-    ``words``: model(ids) == program_model(encoder.embed_ids(ids)) up to float rounding."""
-    from models.transformer import Transformer
+    """(:class:`TextEncoder`, the model of embedded inputs) for a token model: model(ids) ==
+    program_model(encoder.embed_ids(ids)) up to float rounding.
 
+    A model trained with ``words`` reads segment means (no padding reaches the program). One that
+    attends over padded word positions keeps its key-padding mask: the client sends the mask as
+    one more input column, encrypted, and the program masks the padding keys and pools over the
+    words only (:attr:`TextEncoder.padded`)."""
     cfg: TransformerConfig = model.config
     if cfg.input_kind is not InputKind.TOKENS:
         raise NoEncryptedTextError("not a token model")
-    if cfg.words is None:
+    padded = cfg.words is None
+    if padded and not cfg.mask_padding:
         raise NoEncryptedTextError(
-            "this token model attends over padded word positions, whose padding mask has no "
-            "encrypted lowering yet; train it with --words N (N words pooled into --seq-len "
-            "segments on the client: every position is real, no mask needed)"
+            "this token model was trained attending to its padding (a model file from before "
+            "masks); retrain it, with --words N (N words pooled into --seq-len segments on the "
+            "client) or without (padding masked, the mask encrypted)"
         )
-    if cfg.causal:
-        raise NoEncryptedTextError("causal attention has no encrypted lowering yet")
     encoder = TextEncoder(
         tuple(vocab),
-        cfg.words,
+        cfg.words or cfg.seq_len,
         model.embed.weight.detach().double().numpy().copy(),
         model.pos.detach().double().numpy()[: cfg.seq_len].copy(),
+        padded,
     )
     inner = cfg.replace(
-        input_kind=InputKind.EMBEDDED, in_features=cfg.d_model, words=None, mask_padding=False
+        input_kind=InputKind.EMBEDDED,
+        in_features=cfg.d_model + int(padded),  # + the key mask column
+        words=None,
+        mask_padding=padded,
     )
     program_model = Transformer(inner)
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(("embed.", "pos"))}
@@ -179,7 +183,6 @@ def join_text_model(model, program_model):
     """``model`` (a token model) with the program's weights (blocks, norms, head) of
     ``program_model`` (its split, e.g. after QAT through the integer program, norms folded): the
     inverse of :func:`split_text_model`, keeping ``model``'s embedding table and positions."""
-    from models.transformer import Transformer
 
     def front(key: str) -> bool:
         return key.startswith(("embed.", "pos"))
@@ -193,7 +196,7 @@ def join_text_model(model, program_model):
 
 def embedded_task(data, encoder: TextEncoder):
     """``data`` (a token task) as the program of a split model reads it: every sample's
-    (T, d_model) client vectors (:meth:`TextEncoder.embed_ids`)."""
+    (T, d_model) client vectors (:meth:`TextEncoder.embed_ids`; padded: and the key mask column)."""
     import dataclasses
 
     return dataclasses.replace(
@@ -201,5 +204,5 @@ def embedded_task(data, encoder: TextEncoder):
         x_train=torch.from_numpy(encoder.embed_ids(data.x_train)),
         x_test=torch.from_numpy(encoder.embed_ids(data.x_test)),
         input_kind=InputKind.EMBEDDED,
-        in_features=int(encoder.embedding.shape[1]),
+        in_features=int(encoder.embedding.shape[1]) + int(encoder.padded),
     )

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 from models.attention import build_attention
 from models.config import InputKind, TransformerConfig
 from models.layers import FeedForward, make_norm
-from models.text import segment_means
+from models.segments import segment_means
 
 
 def _takes_mask(mixer: nn.Module, mask: Tensor | None) -> bool:
@@ -53,8 +53,8 @@ class Transformer(nn.Module):
         )
         self.pos = nn.Parameter(torch.randn(config.seq_len, config.d_model) * 0.02)
         if isinstance(embed, nn.Linear) and config.input_kind is InputKind.EMBEDDED:
-            with torch.no_grad():  # the client embedded: the identity, no positions
-                embed.weight.copy_(torch.eye(config.d_model))
+            with torch.no_grad():  # the client embedded: the identity (mask column dropped)
+                embed.weight.copy_(torch.eye(config.d_model, config.in_features))
                 embed.bias.zero_()
                 self.pos.zero_()
         self.embed: nn.Module = embed
@@ -96,17 +96,31 @@ class Transformer(nn.Module):
         cfg = self.config
         T = cfg.seq_len if cfg.words else x.shape[1]
         mask = None
-        if cfg.input_kind is InputKind.TOKENS and cfg.mask_padding and not cfg.words:
-            mask = (x != 0)[:, None, None, :]  # (B, 1, 1, T): padding keys out
+        keep = self.kept_positions(x)
+        if keep is not None:
+            mask = keep[:, None, None, :]  # (B, 1, 1, T): padding keys out
         if self.config.causal:
             tril = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()  # (T, T)
             mask = tril[None, None] if mask is None else mask & tril
         return mask
 
+    def kept_positions(self, x: Tensor) -> Tensor | None:
+        """(B, T) bool, False at padding, for a model that masks it (``mask_padding``): token ids
+        0, or an embedded input's key mask column (the client's, :mod:`models.text`); else None."""
+        cfg = self.config
+        if not cfg.mask_padding or cfg.words:
+            return None
+        if cfg.input_kind is InputKind.TOKENS:
+            return x != 0
+        if cfg.input_kind is InputKind.EMBEDDED:
+            return x[..., -1] > 0.5
+        return None
+
     def forward(self, x: Tensor) -> Tensor:
         h = self.features(x)  # (B, T, C)
-        if self.config.input_kind is InputKind.TOKENS and not self.config.words:
-            keep = (x != 0).unsqueeze(-1).to(h.dtype)  # (B, T, 1): mean over non-padding tokens
+        kept = self.kept_positions(x)
+        if kept is not None:
+            keep = kept.unsqueeze(-1).to(h.dtype)  # (B, T, 1): mean over non-padding positions
             pooled = (h * keep).sum(1) / keep.sum(1).clamp_min(1.0)
         else:
             pooled = h.mean(dim=1)

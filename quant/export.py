@@ -43,11 +43,19 @@ class QuantizedProgram:
     calibration: dict[str, Range] = field(default_factory=dict)
 
     @property
+    def masked(self) -> bool:
+        """The input carries the client's key mask (a padded text model, :mod:`models.text`): the
+        program outputs (T, n_out + 1), per-position logits of the words and the mask, and the
+        client takes their masked mean (:func:`masked_pooled_head`)."""
+        cfg = self.model.config
+        return cfg.input_kind is InputKind.EMBEDDED and cfg.mask_padding
+
+    @property
     def client_pools(self) -> bool:
         """The program outputs per-token logits (T, n_out) and the client sums them (mean pooling
         and the head are linear, so the pooled logits are that sum): see
         :func:`lower_transformer`."""
-        return self.config.client_pooling
+        return self.config.client_pooling or self.masked
 
     # --------------------------------------------------------------------------------- client side
     def quantize_input(self, x: Tensor | np.ndarray) -> np.ndarray:
@@ -56,10 +64,11 @@ class QuantizedProgram:
         return self.input_quantizer.quantize_np(np.asarray(x, dtype=np.float64))
 
     def input_clip_count(self, x: Tensor | np.ndarray) -> int:
-        return self.input_quantizer.clipped_count(np.asarray(x, dtype=np.float64))
+        x = np.asarray(x, dtype=np.float64)
+        return self.input_quantizer.clipped_count(x[..., :-1] if self.masked else x)
 
     def dequantize_output(self, y: np.ndarray) -> np.ndarray:
-        return decode_output(y, self.output_scale, self.client_pools)
+        return decode_output(y, self.output_scale, self.client_pools, self.masked)
 
     # ---------------------------------------------------------------------------------- evaluation
     def run_int(self, x_int: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR):
@@ -131,11 +140,6 @@ def check_exportable(model: Transformer) -> None:
             "is a 14-bit table per embedding column); split the model first "
             "(models.text.split_text_model; `fhe compile` does it for models trained with --words)"
         )
-    if cfg.causal:
-        raise ExportError(
-            "causal attention has no integer lowering yet (the encrypted program would attend to "
-            "every position and differ from the model); export a model trained without --causal"
-        )
     if cfg.norm is NormKind.LAYERNORM:
         raise ExportError(
             "LayerNorm has no TFHE integer lowering (it divides by an encrypted square root of the "
@@ -147,21 +151,32 @@ def check_exportable(model: Transformer) -> None:
 def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
     check_exportable(model)
     cfg = model.config
-    inp, _ = low.input(x)
+    masked = cfg.input_kind is InputKind.EMBEDDED and cfg.mask_padding
+    inp, _ = low.input(x, fit_on=x[..., :-1] if masked else None)  # the mask column: 0 or 1
     T = inp.shape[0]
-    if cfg.input_kind is InputKind.EMBEDDED:  # the client embedded (models.text): h₀ is the input
+    if masked:  # the client's vectors and its key mask (models.text, padded)
+        h = low.slice_last(inp, 0, cfg.d_model, "input.x")
+        low.key_mask = key_mask(low, inp, cfg.d_model)
+    elif cfg.input_kind is InputKind.EMBEDDED:  # the client embedded (models.text): h₀ is it
         h = inp
     else:
         h = low.linear(inp, model.embed.weight, model.embed.bias, "embed", "embed")
         h = low.add_const(h, model.pos[:T], "embed.pos", "embed")
         h = low.requant(h, "embed.out", "embed", signed=True)
     blocks = list(model.blocks)
-    fold = low.config.client_pooling and low.config.fold_last_residual and blocks[-1].has_ffn
+    fold = (
+        low.config.client_pooling
+        and low.config.fold_last_residual
+        and blocks[-1].has_ffn
+        and not masked
+    )
     for b, block in enumerate(blocks):
         last = fold and b == len(blocks) - 1
         h = lower_block(low, block, h, f"block{b}", cfg, head=model.head if last else None)
     if fold:  # h is already the per-token logits
         return _pooled_by_client(h, T)
+    if masked:
+        return masked_pooled_head(low, model, h, low.key_mask)
     if low.config.client_pooling:
         return client_pooled_head(low, model, h)
     pooled = low.sum(h, -2, "pool", "head")  # mean pooling: the 1/T goes into the output scale
@@ -182,6 +197,37 @@ def client_pooled_head(low: Lowering, model: Transformer, h: QValue) -> QValue:
     output."""
     out = low.linear(h, model.head.weight, model.head.bias, "head", "head")
     return _pooled_by_client(out, h.shape[0])
+
+
+def key_mask(low: Lowering, inp: QValue, column: int) -> QValue:
+    """The client's key mask (input ``column``), quantized with the inputs (1 → at least one
+    quantum, 0 → 0), as exact 0/1 integers of scale 1: one lookup per position. The column is
+    taken by a clear one-hot product, not a slice: Concrete 2.11 fails to compile a lookup read
+    straight from a slice of the input ("Transforming FHE boolean ops failed")."""
+    if round(1.0 / float(inp.scale)) < 1:
+        raise ExportError(
+            f"the inputs' quantum {float(inp.scale):.3g} is too coarse to carry the key mask"
+        )
+    one_hot = np.zeros((inp.shape[-1], 1), dtype=np.int64)
+    one_hot[column] = 1
+    node = low.graph.add(
+        "input.m", "linear", (inp.node,), tag="input", weight=one_hot, bias=np.zeros(1, np.int64)
+    )
+    m = QValue(node, inp.scale, inp.fake[..., column : column + 1])
+    # the integers 0 and 1, on a signed grid (they join signed sums)
+    zero_one = Quantizer(1.0, 0, 2, True)
+    return low.lut(m, lambda t: (t > 0).to(t.dtype), "input.mask", "input", quantizer=zero_one)
+
+
+def masked_pooled_head(low: Lowering, model: Transformer, h: QValue, m: QValue) -> QValue:
+    """The head per position of a padded input, W h_t + b, beside the mask m_t: (T, n_out + 1).
+    The client weighs the decrypted rows by m_t and divides by Σ m_t, its number of words, which
+    the server never learns (:func:`~quant.quantizer.decode_output` with ``masked``): the masked
+    mean pooling of the float model, at no cost in the program."""
+    y = low.linear(h, model.head.weight, model.head.bias, "head", "head")
+    out = low.graph.add("head.out", "concat", (y.node, m.node), axis=-1)
+    pooled = (y.fake * m.fake).sum(dim=-2) / m.fake.sum(dim=-2).clamp_min(1.0)
+    return QValue(out, y.scale, pooled)
 
 
 def _pooled_by_client(out: QValue, T: int) -> QValue:

@@ -89,6 +89,9 @@ class Lowering:
         self.values: dict[
             str, QValue
         ] = {}  # node name -> QValue on this batch (diagnostics; opt-in: memory)
+        # (T, 1) of 0/1 integers, 0 at padding: the client's encrypted key mask (models.text),
+        # read by the mixers that mask padding keys; None when the input carries none
+        self.key_mask: QValue | None = None
 
     def _fake(self, q: Quantizer, t: Tensor) -> Tensor:
         """q's quantize-dequantize of ``t``; straight-through (inside q's range) when
@@ -151,9 +154,12 @@ class Lowering:
         return q
 
     # -------------------------------------------------------------------------------- the input
-    def input(self, x: Tensor, name: str = "input") -> tuple[QValue, Quantizer]:
+    def input(
+        self, x: Tensor, name: str = "input", fit_on: Tensor | None = None
+    ) -> tuple[QValue, Quantizer]:
+        """The encrypted input; its quantizer is fitted on ``fit_on`` (default: ``x``)."""
         x = x.double()
-        q = self.fit(name, x, self.config.in_bits)
+        q = self.fit(name, x if fit_on is None else fit_on.double(), self.config.in_bits)
         self.record(name, x)
         node = self.graph.add(
             name,
@@ -246,6 +252,46 @@ class Lowering:
         """x · m for a clear integer m: the same values on a grid m times finer (leveled)."""
         node = self.graph.add(name, "mul_const", (x.node,), tag=tag, value=np.int64(m))
         return self._out(node, _mul_scale(x.scale, 1.0 / m), x.fake)  # same real values, finer grid
+
+    def int_range(self, x: QValue) -> tuple[int, int]:
+        """The integer range a lookup's output is confined to (its ``out_range``)."""
+        attrs = self.graph.nodes[x.node].attrs
+        if "out_range" not in attrs:
+            raise ValueError(f"{x.node}: not a lookup output, its integer range is not fixed")
+        lo, hi = attrs["out_range"]
+        return int(lo), int(hi)
+
+    def keep(self, x: QValue, mask: QValue, bounds: tuple[int, int], name: str, tag: str) -> QValue:
+        """x · m for an encrypted m in {0, 1} (broadcast), in one lookup per element: with x in
+        ``bounds`` = [lo, hi] and K = hi − lo + 1, u = x + K·m puts the kept values above hi and
+        the others in place, and the table returns u − K above hi, 0 below (one more input bit
+        than x, no product)."""
+        lo, hi = bounds
+        k = hi - lo + 1
+        km = self.graph.add(f"{name}.km", "mul_const", (mask.node,), tag=tag, value=np.int64(k))
+        u = self.graph.add(f"{name}.u", "add", (x.node, km), tag=tag)
+
+        def table(ints: np.ndarray, k=k, hi=hi) -> np.ndarray:
+            ints = np.asarray(ints, dtype=np.int64)
+            return np.where(ints > hi, ints - k, 0)
+
+        shape = tuple(np.broadcast_shapes(x.shape, mask.shape))
+        node = self.graph.add(
+            name, "lut", (u,), tag=tag, fn=table, shape=shape, out_range=(min(lo, 0), max(hi, 0))
+        )
+        fake = x.fake * mask.fake
+        self.record(name, fake)
+        return self._out(node, x.scale, fake)
+
+    def add_count(self, x: QValue, count: QValue, value: float, name: str, tag: str) -> QValue:
+        """x + value · n for an encrypted integer count n (e.g. kept keys), with ``value`` rounded
+        to x's grid (leveled)."""
+        c = int(round(value / float(x.scale)))
+        cn = self.graph.add(f"{name}.c", "mul_const", (count.node,), tag=tag, value=np.int64(c))
+        node = self.graph.add(name, "add", (x.node, cn), tag=tag)
+        fake = x.fake + c * float(x.scale) * count.fake
+        self.record(name, fake)
+        return self._out(node, x.scale, fake)
 
     def _same_scale(self, a: QValue, b: QValue, what: str) -> None:
         if not np.allclose(a.scale, b.scale, rtol=1e-12):

@@ -66,8 +66,15 @@ def quantize_weight(w: np.ndarray, n_bits: int, per_channel: bool) -> tuple[np.n
     )
 
 
-def decode_output(y: np.ndarray, scale, client_pools: bool) -> np.ndarray:
+def decode_output(y: np.ndarray, scale, client_pools: bool, masked: bool = False) -> np.ndarray:
     """The client's decoding of the program's integer output: times its scale, then (for a program
-    that outputs per-token logits, ``client_pools``) summed over the token axis."""
-    out = np.asarray(y, dtype=np.float64) * np.asarray(scale, dtype=np.float64)
+    that outputs per-token logits, ``client_pools``) summed over the token axis. ``masked``: the
+    last column holds the key mask, and the sum is divided by the number of words (the masked mean
+    pooling of a padded text model; quant.export.masked_pooled_head)."""
+    y = np.asarray(y, dtype=np.float64)
+    if masked:
+        m = y[..., -1:]  # (..., T, 1)
+        words = np.maximum(m.sum(axis=-2), 1.0)  # (..., 1)
+        return (y[..., :-1] * np.asarray(scale, dtype=np.float64) * m).sum(axis=-2) / words
+    out = y * np.asarray(scale, dtype=np.float64)
     return out.sum(axis=-2) if client_pools else out

@@ -17,7 +17,10 @@ once installed).
    and run one encrypted sample against the clear polynomial program (5-7 s);
 5. compare float, clear polynomial and encrypted predictions on all 360 test samples at once (the
    batch layout, which `fhe compare` picks for a dataset: the samples in the SIMD slots, no
-   refresh).
+   refresh);
+6. text (when the IMDB files of `../shared/data/imdb` are there): train the CKKS text recipe (512
+   words pooled on the client into 16 segments, docs/text.md), compile it with its client front
+   end, and classify a review given as text, encrypted (one packed query).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from models.tasks import default_data_dir
 
 RUNS = Path("runs")
 N_ENCRYPTED = int(os.environ.get("FHE_DEMO_SAMPLES", "1"))
@@ -56,6 +61,15 @@ def main() -> None:
     ckks = "--scheme ckks --outer-bits 45 --scale-bits 34 --reciprocal-tol 5e-2"
     fhe(f"compile {ckks} --json", str(RUNS / "digits-power-softmax-packed.json"), poly)
     fhe(f"compare {ckks} --mode execute --n 360", poly)
+
+    imdb = default_data_dir("imdb")
+    if not (imdb / "imdb_train_6000.csv.gz").exists():
+        print(f"\nskipping the text step: no IMDB files in {imdb} (see docs/text.md)")
+        return
+    text_model, text_art = str(RUNS / "imdb-ckks.pt"), str(RUNS / "imdb-ckks")
+    fhe("train --task imdb --recipe ckks -o", text_model)
+    fhe("compile --scheme ckks --out", text_art, text_model)
+    fhe("run", text_art, "--text", "A quiet, beautiful film: I loved every minute of it.")
 
 
 if __name__ == "__main__":

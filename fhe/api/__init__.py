@@ -24,6 +24,7 @@ from fhe.api.artifacts import (
     read_input,
     run_artifact,
 )
+from fhe.api.compilation import SchemeSteps, steps_for
 from fhe.api.compile import (
     CircuitMismatchError,
     Compilation,
@@ -40,7 +41,6 @@ from fhe.api.compile import (
     save_artifacts,
 )
 from fhe.api.recipes import Recipe, recipe_for
-from fhe.api.schemes import SchemeSteps, steps_for
 from fhe.api.train import (
     EncryptionInputs,
     TrainOutcome,

@@ -20,7 +20,13 @@ from fhe.artifacts import verify
 from fhe.backends import register_backend
 from fhe.ckks.arith import Arith, ClearArith, Val
 from fhe.ckks.planner import CkksPlan, plan_parameters
-from fhe.ckks.program import PolyProgram, build_program
+from fhe.ckks.program import (
+    PolyProgram,
+    build_program,
+    masked_input,
+    pool_outputs,
+    pool_words,
+)
 from fhe.ckks.serialize import load_program, save_program
 from fhe.errors import KeysMissingError, SecretKeyLeakError
 from fhe.schemes import CkksLayout, CkksParams, Scheme
@@ -77,6 +83,20 @@ def encrypt_batch(ctx: ts.Context, x: np.ndarray) -> list:
         for t in range(x.shape[1])
         for f in range(x.shape[2])
     ]
+
+
+def words_pooling(config) -> dict | None:
+    """What the client needs to pool a padded text model's outputs over its words (recorded in
+    the artifact), or None."""
+    if not masked_input(config):
+        return None
+    return {"seq_len": config.seq_len, "n_outputs": config.n_outputs}
+
+
+def client_pooled(meta: dict, y: np.ndarray) -> np.ndarray:
+    """The client's decrypted outputs, pooled over its words when the artifact says so."""
+    pooling = meta.get("words_pooling")
+    return pool_words(y, **pooling) if pooling else y
 
 
 def decrypt_all(ctx: ts.Context, cts: list) -> np.ndarray:
@@ -227,7 +247,7 @@ class CkksBackend:
     def decrypt(self, cts: list) -> np.ndarray:
         self._require_keys()
         start = time.perf_counter()
-        out = decrypt_all(self.client_ctx, cts)
+        out = pool_outputs(self.program.config, decrypt_all(self.client_ctx, cts))
         self.timings_s["decrypt"] = time.perf_counter() - start
         return out
 
@@ -289,7 +309,7 @@ class CkksBackend:
         return rep
 
     def _artifact_meta(self) -> dict:
-        return {"plan": self.plan.to_dict()}
+        return {"plan": self.plan.to_dict(), "words_pooling": words_pooling(self.program.config)}
 
     def _save_server_extras(self, server: Path) -> None:
         """Layout-specific server files (the packed layout's Galois keys)."""
@@ -379,7 +399,7 @@ class CkksClient:
         )
 
     def decrypt(self, cts: list) -> np.ndarray:
-        return decrypt_all(self.context, cts)
+        return client_pooled(self.meta, decrypt_all(self.context, cts))
 
     def refresh(self, server_ctx):
         return refresher(self.context, server_ctx)

@@ -18,7 +18,7 @@ import torch
 
 from fhe.backends import register_backend
 from fhe.ckks.arith import ClearArith, Val
-from fhe.ckks.backend import CkksBackend, CkksClient, CkksServer
+from fhe.ckks.backend import CkksBackend, CkksClient, CkksServer, client_pooled, words_pooling
 from fhe.ckks.packed import PackedProgram, check_packed, min_slots
 from fhe.ckks.packing import Layout
 from fhe.ckks.planner import MAX_COEFF_BITS_128, CkksPlan, DepthError, max_depth, plan_parameters
@@ -200,6 +200,7 @@ class PackedCkksBackend(CkksBackend):
         return {
             "layout": "packed",
             "plan": self.plan.to_dict(),
+            "words_pooling": words_pooling(cfg),
             "rotation_steps": self.rotation_steps,
             "io": {
                 "seq_len": cfg.seq_len,
@@ -272,7 +273,12 @@ class PackedClient(CkksClient):
         plan, io = self.meta["plan"], self.meta["io"]
         self.slots = plan["slots"]
         self.input_layout = Layout(io["seq_len"], io["in_features"], io["stride"], io["block"])
-        self.output_layout = Layout(1, io["n_outputs"], io["stride"], io["block"])
+        pooled = self.meta.get("words_pooling")  # per position and the key mask, or pooled logits
+        self.output_layout = (
+            Layout(io["seq_len"], io["n_outputs"] + 1, io["stride"], io["block"])
+            if pooled
+            else Layout(1, io["n_outputs"], io["stride"], io["block"])
+        )
         self.codec = SealCodec(self.context, plan["scale_bits"])
 
     def encrypt(self, x: np.ndarray) -> list:
@@ -281,7 +287,8 @@ class PackedClient(CkksClient):
         return [self.codec.encrypt(self.input_layout.place(s.reshape(-1), self.slots)) for s in x]
 
     def decrypt(self, cts: list) -> np.ndarray:
-        return np.stack([self.output_layout.read(self.codec.decrypt(ct)) for ct in cts])
+        out = np.stack([self.output_layout.read(self.codec.decrypt(ct)) for ct in cts])
+        return client_pooled(self.meta, out)
 
     def public_keys(self) -> bytes:
         """The public context and the Galois keys, as one wire payload (fhe/wire.py)."""

@@ -37,7 +37,7 @@ from fhe.ckks.packing import (
     pow2,
     rotate_and_sum,
 )
-from fhe.ckks.program import PolynomialError, PolyProgram
+from fhe.ckks.program import PolynomialError, PolyProgram, masked_input, pool_outputs
 from models.config import Activation, NormKind
 
 
@@ -53,7 +53,7 @@ def check_packed(program: PolyProgram) -> None:
 def stride_of(program: PolyProgram) -> int:
     """One stride for every activation: the widest channel count, to the next power of two."""
     cfg = program.config
-    widths = [cfg.in_features, cfg.d_model, cfg.n_outputs]
+    widths = [cfg.in_features, cfg.d_model, cfg.n_outputs + masked_input(cfg)]
     widths += [
         v.shape[0]
         for k, v in program.weights.items()
@@ -83,7 +83,13 @@ class PackedProgram:
         self.attention_period = pow2(self.T) * self.block
         self.pack_attention = self.attention_period <= n_slots
         self.input_layout = self.layout(cfg.in_features)
-        self.output_layout = Layout(1, cfg.n_outputs, self.stride, self.block)
+        self.masked = masked_input(cfg)  # a padded text model: its key mask is the last column
+        self.output_layout = (
+            Layout(self.T, cfg.n_outputs + 1, self.stride, self.block)  # per position, and m_t
+            if self.masked
+            else Layout(1, cfg.n_outputs, self.stride, self.block)
+        )
+        self.key_mask: PVec | None = None  # the running forward's input, when masked
         self._maps: dict[tuple, LinearMap] = {}
         self._vectors: dict[
             tuple, object
@@ -106,7 +112,8 @@ class PackedProgram:
         return self.input_layout.place(x.reshape(-1), self.n_slots)
 
     def decode_output(self, slots: np.ndarray) -> np.ndarray:
-        return self.output_layout.read(slots)
+        """The logits (a padded text model's per-position logits, pooled over its words)."""
+        return pool_outputs(self.program.config, self.output_layout.read(slots))
 
     # ------------------------------------------------------------------ evaluation
     def forward(self, ar: Arith, x: Val) -> Val:
@@ -114,6 +121,7 @@ class PackedProgram:
         cfg, w, T = self.program.config, self.program.weights, self.T
         rot = Rotations(ar)
         xin = PVec(x, self.input_layout)
+        self.key_mask = xin if self.masked else None
         with ar.stage("embed"):
             h = Affine(
                 [(xin, per_position(w["embed.weight"], T))],
@@ -174,22 +182,30 @@ class PackedProgram:
             out.append(ar.rotate(out[-1], self.stride))
         return out
 
-    def head_masks(self, n: int) -> list[np.ndarray]:
+    def head_masks(self, n: int, causal: bool = False) -> list[np.ndarray]:
         """Mask r: the first channel of every head and real position (n of them), in block r of the
-        attention period."""
+        attention period; ``causal``: only the queries t whose key (t + r) mod T' is <= t (Eq. 11's
+        mask folded into this one, no extra level)."""
         cfg = self.program.config
 
         def make() -> list[np.ndarray]:
-            first = np.zeros((n, cfg.d_model))
-            first[:, :: cfg.d_head] = 1.0
-            return [
-                Layout(
-                    n, cfg.d_model, self.stride, self.attention_period, offset=r * self.block
-                ).place(first.reshape(-1), self.n_slots)
-                for r in range(self.block // self.stride)
-            ]
+            masks = []
+            for r in range(self.block // self.stride):
+                first = np.zeros((n, cfg.d_model))
+                first[:, :: cfg.d_head] = self.causal_keep(n, r)[:, None] if causal else 1.0
+                masks.append(
+                    Layout(
+                        n, cfg.d_model, self.stride, self.attention_period, offset=r * self.block
+                    ).place(first.reshape(-1), self.n_slots)
+                )
+            return masks
 
-        return self.cached(("head_masks", n), make)
+        return self.cached(("head_masks", n, causal), make)
+
+    def causal_keep(self, n: int, r: int) -> np.ndarray:
+        """(n,) 0/1: whether query t keeps its key at offset r, (t + r) mod T' <= t (Eq. 11)."""
+        t = np.arange(n)
+        return ((t + r) % pow2(self.T) <= t).astype(np.float64)
 
     def block_masks(self, n_blocks: int) -> list[np.ndarray]:
         """Block r of the packed-attention period, as 0/1 slot vectors."""
@@ -265,13 +281,30 @@ class PackedProgram:
             s = self.materialize(ar, rot, name, t_map.apply(np.eye(u.size), square.shift), lay)
             return PVec(ar.square(s.val), lay, clean=s.clean), square.scale, square.offset
 
+    def mask_map(self, per_position_of_mask: np.ndarray, channels: int) -> np.ndarray:
+        """(T·channels, T·F): a clear map from the input (F columns, the key mask last) that puts
+        Σ_j M[t, j] m_j at every channel of position t (``M``: (T, T))."""
+        F = self.program.config.in_features
+        pick = np.zeros((channels, F))
+        pick[:, F - 1] = 1.0
+        return np.kron(per_position_of_mask, pick)
+
     def _head(self, ar: Arith, rot: Rotations, h: Affine) -> Val:
         """head(mean over positions of h) = Σ_t (head·W/T) h_t: each position-wise term through the
         head's matrix per position first (it reads the terms' cached baby-step rotations), then one
-        sum over the position blocks by rotations."""
+        sum over the position blocks by rotations. A padded text model: the head per position and
+        the key mask beside it (the client pools over its words)."""
         w, T, S = self.program.weights, self.T, self.stride
         cfg = self.program.config
         C, n_out = cfg.d_model, cfg.n_outputs
+        if self.key_mask is not None:
+            widen = np.kron(np.eye(T), np.eye(n_out + 1, n_out))  # n_out logits, then a 0 column
+            logits = h.apply(
+                widen @ per_position(w["head.weight"], T), widen @ np.tile(w["head.bias"], T)
+            )
+            mask = self.mask_map(np.eye(T), n_out + 1) * np.tile(np.eye(n_out + 1)[-1], T)[:, None]
+            aff = logits + Affine([(self.key_mask, mask)], np.zeros(T * (n_out + 1)))
+            return self.materialize(ar, rot, "head.masked", aff, self.output_layout).val
         head, per_pos = w["head.weight"], Layout(T, n_out, S, self.block)
         local, pooled = [], []
         for j, (x, m) in enumerate(h.terms):

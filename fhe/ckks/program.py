@@ -27,7 +27,7 @@ from fhe.ckks.affine import Affine, per_position
 from fhe.ckks.arith import Arith, ClearArith, Val
 from fhe.ckks.mixers import NoPolyLoweringError, poly_mixer
 from fhe.errors import FheError
-from models.config import Activation, InputKind, NormKind, TransformerConfig
+from models.config import Activation, AttentionKind, InputKind, NormKind, TransformerConfig
 from models.fold import fold_norms
 from models.transformer import Transformer
 
@@ -45,16 +45,23 @@ class PolyProgram:
     approx: A.ApproxConfig = field(default_factory=A.ApproxConfig)
     ops: dict[str, dict] = field(default_factory=dict)
     calib_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # the running forward's key mask, one value per position (a padded text model's input column,
+    # encrypted): read by the mixers that mask padding keys; None without one
+    key_mask: list[Val] | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ entry points
     def forward(self, ar: Arith, xs: list[Val]) -> list[Val]:
-        """xs: the T·F input values (position-major); returns the n_outputs logits."""
+        """xs: the T·F input values (position-major); returns the n_outputs logits, or for a
+        padded text model (:func:`masked_input`) each position's logits and its key mask,
+        T·(n_outputs + 1) values that the client pools (:func:`pool_outputs`)."""
         cfg, w, T = self.config, self.weights, self.config.seq_len
         if len(xs) != T * cfg.in_features:
             raise ValueError(
                 f"the program takes {T} positions × {cfg.in_features} features = "
                 f"{T * cfg.in_features} input values (ciphertexts), got {len(xs)}"
             )
+        F, masked = cfg.in_features, masked_input(cfg)
+        self.key_mask = [xs[t * F + F - 1] for t in range(T)] if masked else None
         with ar.stage("embed"):
             h = Affine(
                 [(xs, per_position(w["embed.weight"], T))],
@@ -69,7 +76,13 @@ class PolyProgram:
                 h = h + self._ffn(ar, f"{pre}.ffn", f"blocks.{i}.ffn", x2)
         h = self._norm(ar, "final_norm", "norm", h)
         with ar.stage("head"):
-            C = cfg.d_model
+            C, n = cfg.d_model, cfg.n_outputs
+            if self.key_mask is not None:  # per position, beside the mask: the client pools
+                y = h.apply(
+                    per_position(w["head.weight"], T), np.tile(w["head.bias"], T)
+                ).materialize(ar)
+                mask = self.key_mask
+                return [v for t in range(T) for v in (*y[t * n : (t + 1) * n], mask[t])]
             pool = np.tile(np.eye(C), T) / T  # mean over positions, (C, T·C)
             return h.apply(w["head.weight"] @ pool, w["head.bias"]).materialize(ar)
 
@@ -77,7 +90,7 @@ class PolyProgram:
         """The clear polynomial program on a float batch (B, T, F) → (B, n_outputs)."""
         ar = ar or ClearArith()
         out = self.forward(ar, encode_clear(ar, x))
-        return np.stack([v.data for v in out], axis=-1)
+        return pool_outputs(self.config, np.stack([v.data for v in out], axis=-1))
 
     # ------------------------------------------------------------------ calibration
     def _calibrating(self, name: str, ar: Arith) -> bool:
@@ -264,6 +277,27 @@ class PolyProgram:
             return [ar.square(si) for si in s], square.scale, square.offset
 
 
+def masked_input(config: TransformerConfig) -> bool:
+    """Whether the input's last column is the client's key mask (a padded text model,
+    :mod:`models.text`)."""
+    return config.input_kind is InputKind.EMBEDDED and config.mask_padding
+
+
+def pool_outputs(config: TransformerConfig, y: np.ndarray) -> np.ndarray:
+    """The client's last step on decrypted outputs: for a padded text model, (…, T·(n + 1)) per
+    position logits and mask → the mean of the words' logits (…, n), the masked mean pooling of
+    the float model (the server never learns how many words there are); else ``y`` unchanged."""
+    return pool_words(y, config.seq_len, config.n_outputs) if masked_input(config) else y
+
+
+def pool_words(y: np.ndarray, seq_len: int, n_outputs: int) -> np.ndarray:
+    """(…, T·(n + 1)) per-position logits and key mask → (…, n), the mean over the words."""
+    y = np.asarray(y, dtype=np.float64)
+    per = y.reshape(*y.shape[:-1], seq_len, n_outputs + 1)
+    m = np.round(per[..., -1:])  # 0 or 1, up to CKKS noise
+    return (per[..., :-1] * m).sum(axis=-2) / np.maximum(m.sum(axis=-2), 1.0)
+
+
 def encode_clear(ar: ClearArith, x: np.ndarray | torch.Tensor) -> list[Val]:
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 3:
@@ -279,10 +313,22 @@ def check_model(config: TransformerConfig) -> None:
             "its words; split the model first (models.text.split_text_model; `fhe compile` does "
             "it for models trained with --words)"
         )
-    if config.causal:
+    if masked_input(config) and config.attention not in (
+        AttentionKind.POWER_SOFTMAX,
+        AttentionKind.ACTIVATOR,
+        AttentionKind.GEGLU_ONLY,
+    ):
         raise PolynomialError(
-            "causal attention has no polynomial lowering yet (the encrypted program would attend "
-            "to every position and differ from the model); use a model trained without --causal"
+            f"this text model attends over padded word positions: its encrypted key-padding mask "
+            f"has a polynomial lowering for power-softmax (and the token-local kinds), not for "
+            f"{config.attention.value}; use --scheme tfhe, or train with --words N (N words "
+            "pooled into --seq-len segments on the client: no padding, no mask)"
+        )
+    if config.causal and config.attention is not AttentionKind.POWER_SOFTMAX:
+        raise PolynomialError(
+            f"causal {config.attention.value} attention has no polynomial lowering (under CKKS "
+            "the causal mask, PowerSoftmax paper Eq. 11, is lowered for power-softmax); use "
+            "--scheme tfhe, or train with --attention power-softmax"
         )
     try:
         poly_mixer(config.attention)

@@ -57,7 +57,9 @@ def quantize_input(meta: dict, x: np.ndarray) -> np.ndarray:
 
 def dequantize_output(meta: dict, y: np.ndarray) -> np.ndarray:
     """The TFHE client's decoding of a decrypted output, from the artifact's metadata."""
-    return decode_output(y, meta["output_scale"], meta.get("client_pools", False))
+    return decode_output(
+        y, meta["output_scale"], meta.get("client_pools", False), meta.get("masked", False)
+    )
 
 
 class Client:

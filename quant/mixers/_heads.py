@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from quant.lowering import Lowering, QValue
@@ -61,3 +62,22 @@ def merge_heads(low: Lowering, out: QValue, name: str) -> QValue:
     nh, T, dh = out.shape
     out = low.transpose(out, (1, 0, 2), f"{name}.merge.t")
     return low.reshape(out, (T, nh * dh), f"{name}.merge")
+
+
+def mask_keys(low: Lowering, x: QValue, quantizer: Quantizer, name: str, tag: str) -> QValue:
+    """(nh, T, d) with the rows of padding positions zeroed by the client's encrypted key mask
+    (:attr:`Lowering.key_mask`), one lookup per element; ``x`` unchanged without a mask."""
+    if low.key_mask is None:
+        return x
+    m = low.expand_dims(low.key_mask, -3, f"{name}.mask.e")  # (1, T, 1)
+    bounds = (quantizer.qmin - quantizer.zero_point, quantizer.qmax - quantizer.zero_point)
+    return low.keep(x, m, bounds, f"{name}.masked", tag)
+
+
+def kept_keys(low: Lowering, causal: bool, name: str, tag: str) -> QValue:
+    """(T, 1): the keys query i keeps under the client's key mask (and, ``causal``, j <= i): an
+    encrypted count, no lookup."""
+    assert low.key_mask is not None
+    T = low.key_mask.shape[0]
+    reach = np.tril(np.ones((T, T), dtype=np.int64)) if causal else np.ones((T, T), np.int64)
+    return low.matmul_left(reach, low.key_mask, name, tag, integer=True)

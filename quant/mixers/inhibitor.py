@@ -10,8 +10,8 @@ import torch
 
 from models.config import AttentionKind
 from quant.lowering import Lowering, QValue
-from quant.mixers import register_mixer
-from quant.mixers._heads import merge_heads, project_qkv
+from quant.mixers import _causal, register_mixer
+from quant.mixers._heads import mask_keys, merge_heads, project_qkv
 from quant.quantizer import Quantizer
 
 
@@ -20,22 +20,38 @@ def lower(low: Lowering, mixer, h: QValue, name: str, cfg) -> tuple[QValue, torc
     heads = project_qkv(
         low, mixer, h, name, cfg, shared_qk=True, into_lookups=True
     )  # Q and K share one grid: Eq. (5) subtracts them
-    out = lower_inhibitor(low, mixer, heads.q, heads.k, heads.v, heads.v_quantizer, f"{name}.attn")
+    # a padding key's V is zeroed: (0 − Z'_ij)⁺ = 0 and (0⁺ − Z')⁺ + (0⁻ + Z')⁻ = 0 (Z' >= 0), so
+    # it inhibits nothing and adds nothing, as the float model's masked sums (Eqs. 6-7)
+    v = mask_keys(low, heads.v, heads.v_quantizer, f"{name}.v", f"{name}.qkv")
+    out = lower_inhibitor(
+        low, mixer, heads.q, heads.k, v, heads.v_quantizer, f"{name}.attn", cfg.causal
+    )
     return merge_heads(low, out, name), mixer.out_proj
 
 
 def lower_inhibitor(
-    low: Lowering, mixer, q: QValue, k: QValue, v: QValue, v_quantizer: Quantizer, name: str
+    low: Lowering,
+    mixer,
+    q: QValue,
+    k: QValue,
+    v: QValue,
+    v_quantizer: Quantizer,
+    name: str,
+    causal: bool = False,
 ) -> QValue:
     """Inhibitor, Eqs. (5)-(7).
 
     Z'_ij = (Σ_k |Q_ik − K_jk| / γ − α)⁺ is requantized directly onto V's scale and saturated at
     max|V|: any larger score already inhibits every value completely, so saturation is exact.
+    ``causal`` (PowerSoftmax paper Eq. 11's mask): the program works on the kept pairs j <= i only
+    (:mod:`quant.mixers._causal`): its |·| and ReLU lookups skip the removed ones, and the sums
+    over j run per query.
     """
     tag_s, tag_h = f"{name}.scores", f"{name}.inhibit"
     rounding = low.config.round_attention  # round |q − k| and (v − z)⁺ to lut_bits too
     z_q = Quantizer(v_quantizer.scale, 0, v_quantizer.n_bits - 1, False)  # [0, max|V|] on V's grid
     gamma, alpha = mixer.gamma, mixer.alpha
+    T = q.shape[1]
 
     def shifted(dist: QValue) -> QValue:  # Z' = (Z / γ − α)⁺, onto V's grid
         return low.lut(
@@ -44,6 +60,8 @@ def lower_inhibitor(
 
     if mixer.tie_qk:  # K = Q: only the pairs i < j (Z is symmetric, its diagonal 0)
         z = _tied_scores(low, q, shifted, max(0.0, -alpha), z_q, name, tag_s, rounding)
+        if causal:  # (nh, P, 1)
+            z = _causal.gather(low, z, f"{name}.z.causal", tag_s)
     else:
         diff = low.sub(
             low.expand_dims(q, -2, f"{name}.q.e"),
@@ -51,24 +69,36 @@ def lower_inhibitor(
             f"{name}.diff",
             tag_s,
         )  # (nh, T, T, dh)
+        if causal:  # (nh, P, dh)
+            diff = _causal.gather(low, diff, f"{name}.diff.causal", tag_s)
         dist = low.sum(
             low.lut_exact(diff, torch.abs, f"{name}.abs", tag_s, rounding), -1, f"{name}.l1", tag_s
         )  # Eq. (5)
-        z = low.expand_dims(shifted(dist), -1, f"{name}.z.e")  # (nh, T, T, 1)
+        z = low.expand_dims(shifted(dist), -1, f"{name}.z.e")  # (nh, T, T, 1) or (nh, P, 1)
+
+    def keys(x: QValue, label: str) -> QValue:  # V_j beside Z'_ij: (nh, 1, T, dh) or (nh, P, dh)
+        if causal:
+            return _causal.keys(low, x, f"{name}.{label}.e", tag_h)
+        return low.expand_dims(x, -3, f"{name}.{label}.e")
+
+    def over_keys(x: QValue) -> QValue:  # Σ_j
+        if causal:
+            return _causal.sum_per_query(low, x, T, f"{name}.h", tag_h)
+        return low.sum(x, -2, f"{name}.h", tag_h)
+
     if not mixer.signed:
-        t = low.sub(low.expand_dims(v, -3, f"{name}.v.e"), z, f"{name}.vz", tag_h)  # V_jk − Z'_ij
+        t = low.sub(keys(v, "v"), z, f"{name}.vz", tag_h)  # V_jk − Z'_ij
         t = low.lut_exact(t, torch.relu, f"{name}.relu", tag_h, rounding)  # Eq. (6)
-        return low.sum(t, -2, f"{name}.h", tag_h)
+        return over_keys(t)
     v_pos = low.lut_exact(v, torch.relu, f"{name}.v.pos", tag_h)  # V⁺
     v_neg = low.sub(v, v_pos, f"{name}.v.neg", tag_h)  # V⁻ = V − V⁺, free
-    pos = low.sub(low.expand_dims(v_pos, -3, f"{name}.vp.e"), z, f"{name}.vpz", tag_h)
+    pos = low.sub(keys(v_pos, "vp"), z, f"{name}.vpz", tag_h)
     pos = low.lut_exact(pos, torch.relu, f"{name}.relu.pos", tag_h, rounding)  # (V⁺ − Z')⁺
-    neg = low.add(low.expand_dims(v_neg, -3, f"{name}.vn.e"), z, f"{name}.vnz", tag_h)
+    neg = low.add(keys(v_neg, "vn"), z, f"{name}.vnz", tag_h)
     neg = low.lut_exact(
         neg, lambda t: torch.clamp(t, max=0), f"{name}.relu.neg", tag_h, rounding
     )  # (V⁻ + Z')⁻
-    both = low.add(pos, neg, f"{name}.pn", tag_h)
-    return low.sum(both, -2, f"{name}.h", tag_h)  # Eq. (7)
+    return over_keys(low.add(pos, neg, f"{name}.pn", tag_h))  # Eq. (7)
 
 
 def pair_matrices(T: int) -> tuple[np.ndarray, np.ndarray]:

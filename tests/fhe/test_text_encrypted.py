@@ -5,12 +5,14 @@ import csv
 import gzip
 import json
 import random
+import re
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from fhe_cli import main
+from models.config import TransformerConfig
 
 POSITIVE = ["great", "wonderful", "loved", "beautiful", "best", "fun"]
 NEGATIVE = ["awful", "boring", "worst", "hated", "dull", "mess"]
@@ -86,6 +88,7 @@ def test_a_text_model_runs_encrypted_under_tfhe_from_a_text(corpus, tmp_path):
     assert res.exit_code == 0 and "sample 1: label 1, encrypted prediction" in res.output
 
 
+@pytest.mark.slow  # the same packed path as the causal padded test below, which make test runs
 def test_a_text_model_runs_encrypted_under_ckks_packed(corpus, tmp_path):
     model = _train(
         corpus, tmp_path / "text_ckks.pt", "--attention", "power-softmax", "--power-form",
@@ -108,10 +111,128 @@ def test_text_options_fail_clearly(corpus, tmp_path):
     assert res.exit_code == 2 and "--words applies to token tasks" in res.output
     padded = _train(corpus, tmp_path / "padded.pt", "--attention", "inhibitor", "--words", "4")
     assert padded.exists()  # words == seq_len: one word per segment, still no padding positions
+
+
+def test_a_padded_text_model_runs_encrypted_with_its_mask_encrypted(corpus, tmp_path):
+    """A model over padded word positions (no --words): the client sends its key mask as one more
+    encrypted column; padding keys are masked inside the program and the client takes the mean
+    over its words. Encrypted == clear; CKKS refuses it with the way out."""
+    from fhe.api import run_artifact
+    from fhe.deploy.client import Client, dequantize_output, quantize_input
+    from quant.ir import OverflowPolicy
+
+    model = tmp_path / "m.pt"
     res = CliRunner().invoke(
-        main, ["train", "--task", "imdb", "--data-dir", str(corpus), "--seq-len", "8", "-o",
-               str(tmp_path / "m.pt"), "--epochs", "1", "--quiet"],
+        main,
+        ["train", "--task", "imdb", "--data-dir", str(corpus), "--seq-len", "6", "--d-model", "4",
+         "--heads", "1", "--norm", "none", "--attention", "inhibitor", "--tie-qk", "--epochs", "6",
+         "--lr", "1e-2", "--quiet", "-o", str(model)],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(main, ["compile", str(tmp_path / "m.pt"), "--data-dir", str(corpus)])
-    assert res.exit_code == 2 and "--words" in res.output and "padding" in res.output
+    out = tmp_path / "art"
+    res = CliRunner().invoke(
+        main,
+        ["compile", str(model), "--n-bits", "3", "--lut-bits", "4", "--data-dir", str(corpus),
+         "--calib", "400", "--out", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "encrypted output equals the clear integer program: True" in res.output
+    client = Client(out / "client")
+    assert client.text.padded
+    text = "Awful, boring."  # 2 words in a bucket of 6: 4 padding positions
+    x = client.encode_text(text)
+    assert x.shape == (6, 5) and x[:, -1].tolist() == [1, 1, 0, 0, 0, 0]
+    run = run_artifact(out, text=text)
+    clear, _ = client.local.program.run(quantize_input(client.meta, x)[None], OverflowPolicy.CLIP)
+    np.testing.assert_array_equal(run.logits, dequantize_output(client.meta, clear[0]).reshape(-1))
+
+
+def test_a_causal_padded_text_model_runs_encrypted_under_ckks_packed(corpus, tmp_path):
+    """Causal PowerSoftmax over padded word positions: Eq. 11's mask folded into the head-sum
+    masks, K of a padding key times its encrypted mask (one product), ε once per kept key, and the
+    client pools the per-position logits over its words."""
+    model = tmp_path / "m.pt"
+    res = CliRunner().invoke(
+        main,
+        ["train", "--task", "imdb", "--data-dir", str(corpus), "--seq-len", "4", "--d-model", "4",
+         "--heads", "1", "--norm", "none", "--causal", "--attention", "power-softmax",
+         "--power-form", "length-agnostic", "--power-p", "2", "--power-eps", "1",
+         "--ffn-activation", "quad", "--epochs", "6", "--lr", "1e-2", "--quiet", "-o", str(model)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "art"
+    res = CliRunner().invoke(
+        main,
+        ["compile", str(model), "--scheme", "ckks", "--data-dir", str(corpus), "--calib", "400",
+         "--out", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    error = re.search(r"encrypted vs clear polynomial program: max \|error\| (\S+)", res.output)
+    assert error and float(error.group(1)) < 1e-3, res.output
+    res = CliRunner().invoke(main, ["run", str(out), "--text", "Awful, boring."])
+    assert res.exit_code == 0 and "text encrypted prediction" in res.output, res.output
+
+
+def test_a_padded_inhibitor_is_refused_under_ckks_with_the_way_out():
+    from fhe.ckks.program import PolynomialError, check_model
+
+    cfg = TransformerConfig(
+        seq_len=4, in_features=5, n_outputs=2, input_kind="embedded", attention="inhibitor",
+        d_model=4, n_heads=1,
+    )  # fmt: skip
+    with pytest.raises(PolynomialError, match="--scheme tfhe.*--words"):
+        check_model(cfg)
+
+
+def test_a_causal_text_model_runs_encrypted_under_tfhe(corpus, tmp_path):
+    """PowerSoftmax paper Eq. 11's mask (query i reads segments j <= i): the compile's own check
+    runs one encrypted sample against the clear integer program (equal)."""
+    model = _train(
+        corpus, tmp_path / "causal.pt", "--causal", "--attention", "inhibitor", "--tie-qk"
+    )
+    out = tmp_path / "art"
+    res = CliRunner().invoke(
+        main,
+        ["compile", str(model), "--n-bits", "3", "--lut-bits", "4", "--data-dir", str(corpus),
+         "--calib", "400", "--out", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "encrypted output equals the clear integer program: True" in res.output
+    res = CliRunner().invoke(main, ["run", str(out), "--text", "Boring and awful, the worst."])
+    assert res.exit_code == 0 and "text encrypted prediction" in res.output, res.output
+
+
+def test_a_text_models_cost_per_length(corpus, tmp_path):
+    """`fhe report MODEL --seq-lens`: the same weights compiled at each T; a T whose integer program
+    exceeds the compile limit is extrapolated from the largest compiled one by PBS count."""
+    from fhe.api import lengths
+    from fhe.schemes import Scheme
+
+    model = _train(corpus, tmp_path / "text.pt", "--attention", "inhibitor", "--tie-qk")
+    (small,) = lengths.cost_per_length(model, [2], (Scheme.TFHE,), corpus, execute=True)
+    assert small.status is lengths.Status.MEASURED and small.max_error == 0  # encrypted == clear
+    assert small.pbs and small.keys_mib and small.latency_s
+    rows = lengths.cost_per_length(
+        model, [2, 4], (Scheme.TFHE,), corpus, execute=False, max_compile_pbs=small.pbs
+    )
+    assert [r.status for r in rows] == [lengths.Status.ESTIMATED, lengths.Status.EXTRAPOLATED]
+    assert rows[1].pbs > rows[0].pbs and rows[1].estimated_latency_s == pytest.approx(
+        rows[0].estimated_latency_s * rows[1].pbs / rows[0].pbs
+    )
+    poly = _train(
+        corpus, tmp_path / "poly.pt", "--attention", "power-softmax", "--power-form",
+        "length-agnostic", "--power-p", "2", "--power-eps", "1", "--ffn-activation", "quad",
+    )  # fmt: skip
+    res = CliRunner().invoke(
+        main,
+        ["report", str(poly), "--seq-lens", "2,4", "--scheme", "ckks", "--mode", "simulate",
+         "--data-dir", str(corpus), "--out", str(tmp_path / "rep")],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    saved = json.loads((tmp_path / "rep" / "poly_per_length.json").read_text())
+    depths = [r["depth"] for r in saved["rows"]]
+    assert [r["seq_len"] for r in saved["rows"]] == [2, 4] and all(depths)
+    assert (tmp_path / "rep" / "poly_per_length.png").stat().st_size > 0
+    res = CliRunner().invoke(main, ["report", str(model), "--seq-lens", "99", "--data-dir",
+                                    str(corpus)])  # fmt: skip
+    assert res.exit_code == 2 and "more segments than the model's 24 words" in res.output

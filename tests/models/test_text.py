@@ -5,12 +5,8 @@ import pytest
 import torch
 
 from models.config import InputKind, TransformerConfig
-from models.text import (
-    NoEncryptedTextError,
-    TextEncoder,
-    segment_matrix,
-    split_text_model,
-)
+from models.segments import segment_matrix
+from models.text import NoEncryptedTextError, TextEncoder, split_text_model
 from models.transformer import Transformer
 
 VOCAB = ["<pad>", "<unk>", "good", "bad", "film", "plot", "great", "awful"]
@@ -65,14 +61,16 @@ def _text_model(**kw) -> Transformer:
     return model.eval()
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
 @pytest.mark.parametrize("attention", ["inhibitor", "dot-product", "power-softmax"])
-def test_the_split_model_on_client_vectors_equals_the_token_model(attention):
-    model = _text_model(attention=attention)
+def test_the_split_model_on_client_vectors_equals_the_token_model(attention, causal):
+    model = _text_model(attention=attention, causal=causal)
     ids = torch.randint(2, len(VOCAB), (5, 12))
     ids[0, 7:] = 0  # a short review, right-padded
     ids[1, 2:] = 0  # shorter than the bucket: words repeat
     encoder, program_model = split_text_model(model, VOCAB)
     assert program_model.config.input_kind is InputKind.EMBEDDED
+    assert program_model.config.causal is causal
     program_model.requires_grad_(True)  # its input layer is the client's: it never trains
     assert not program_model.embed.weight.requires_grad and not program_model.pos.requires_grad
     assert all(p.requires_grad for p in program_model.blocks.parameters())
@@ -108,12 +106,15 @@ def test_the_encoder_round_trips_through_json_and_safetensors(tmp_path):
         encoder.encode(["good", " <br /> ... "])
 
 
-def test_models_without_segments_or_with_causal_masks_are_refused_with_the_fix():
+def test_a_padded_model_splits_with_its_mask_and_an_old_unmasked_one_is_refused():
     cfg = TransformerConfig(seq_len=12, in_features=8, n_outputs=2, input_kind=InputKind.TOKENS)
+    encoder, program_model = split_text_model(Transformer(cfg), VOCAB)
+    assert encoder.padded and program_model.config.in_features == cfg.d_model + 1
+    ids = torch.tensor([[2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+    assert encoder.embed_ids(ids)[0, :, -1].tolist() == [1.0] * 3 + [0.0] * 9  # the key mask
+    old = cfg.replace(mask_padding=False)  # a file from before masks attended to its padding
     with pytest.raises(NoEncryptedTextError, match="--words"):
-        split_text_model(Transformer(cfg), VOCAB)
-    with pytest.raises(NoEncryptedTextError, match="causal"):
-        split_text_model(_text_model(causal=True), VOCAB)
+        split_text_model(Transformer(old), VOCAB)
     with pytest.raises(ValueError, match="words=3"):
         TransformerConfig(seq_len=4, in_features=8, n_outputs=2, input_kind="tokens", words=3)
 

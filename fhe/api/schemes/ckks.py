@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from fhe.api._common import Echo
-from fhe.api.schemes import SchemeSteps, register_steps
+from fhe.api.compilation import SchemeSteps, register_steps
 from fhe.errors import BadOptionError, FheError
 from fhe.schemes import Scheme
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from fhe.api._common import Echo
-from fhe.api.schemes import SchemeSteps, register_steps
+from fhe.api.compilation import SchemeSteps, register_steps
 from fhe.errors import BadOptionError, FheError
 from fhe.schemes import Scheme
 from quant.config import DEFAULT_CALIB_SAMPLES
@@ -128,11 +128,11 @@ class TfheSteps(SchemeSteps):
         return f"encrypted output equals the clear integer program: {max_error == 0}"
 
     def compare(self, c, x, y, mode, workers, ray_address, progress, on_message) -> dict:
-        from fhe.api.compile import keygen
         from fhe.tfhe.compare import compare_tfhe
 
-        if mode == "execute":
-            keygen(c, on_message)
+        if mode == "execute":  # fhe.api.keygen: the pre-flight, then the keys
+            self.preflight(c, on_message)
+            c.compiled.keygen()
         return compare_tfhe(
             c.compiled, x, y, mode, workers, ray_address, progress=progress, on_message=on_message
         )

@@ -26,6 +26,7 @@ from fhe.ckks import approx as A
 from fhe.ckks.affine import Affine, per_position
 from fhe.ckks.arith import Arith
 from fhe.ckks.mixers import register_packed_mixer
+from fhe.ckks.mixers.power_softmax import causal_row_scale
 from fhe.ckks.mixers.softmax import dct_matrix
 from fhe.ckks.packing import Layout, PVec, Rotations, apply_maps, pow2, rotate_and_sum
 from models.config import AttentionKind
@@ -50,6 +51,7 @@ def lower_packed_attention(
     cfg, w = prog.config, prog.weights
     C, H, dh, p = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.power_p
     power = cfg.attention is AttentionKind.POWER_SOFTMAX
+    causal = cfg.causal  # power-softmax only (fhe.ckks.program.check_model)
     seq = (
         dct_matrix(T, min(cfg.dct_n_bar or max(1, T // 2), T))
         if cfg.attention is AttentionKind.DCT
@@ -68,21 +70,33 @@ def lower_packed_attention(
         cq, shift = 1 / (np.sqrt(dh) * exp["half"]), -exp["mid"] / exp["half"]  # t = (s − mid)/half
     lay, seq_map = Layout(n, C, S, pk.block), np.kron(seq, np.eye(C))
 
-    def proj(name: str, scale: float) -> PVec:
-        m = seq_map @ per_position(w[f"{key}.{name}.weight"], T) * scale
+    def proj(name: str, scale: float | np.ndarray) -> PVec:
+        rows = np.broadcast_to(np.asarray(scale, dtype=np.float64), (n * C,))  # per output row
+        m = (seq_map @ per_position(w[f"{key}.{name}.weight"], T)) * rows[:, None]
         return pk.materialize(
             ar,
             rot,
             f"{key}.{name}",
-            x.apply(m, seq_map @ np.tile(w[f"{key}.{name}.bias"], T) * scale),
+            x.apply(m, seq_map @ np.tile(w[f"{key}.{name}.bias"], T) * rows),
             lay,
         )
 
+    if causal:  # each query's row sum as a mean over its keys (power_softmax.causal_row_scale)
+        cq = cq * np.repeat(causal_row_scale(T, p), C)
     with ar.stage(f"{tag}.qkv"):
         q, k, v = proj("q_proj", cq), proj("k_proj", 1.0), proj("v_proj", 1.0)
+        if pk.key_mask is not None:  # a padding key's K is 0: sᵖ = 0 (Eq. 11's x ⊙ M)
+            m_all = pk.materialize(ar, rot, "key_mask", _mask_of(pk, np.eye(T), C), lay)
+            k = PVec(ar.mul(k.val, m_all.val), lay)
     sums = np.kron(np.eye(n * H), np.ones((dh, dh)))  # Σ over a head's channels, broadcast back
     n_blocks = pk.block // S  # T' relative positions, padding included
     shifts, packed = range(n_blocks), pk.pack_attention
+
+    def head_sum(r: int) -> tuple[tuple, np.ndarray]:  # offset r's map key and matrix
+        if not causal:
+            return ("head_sum",), sums
+        return ("head_sum", r, "causal"), np.repeat(pk.causal_keep(n, r), C)[:, None] * sums
+
     with ar.stage(f"{tag}.scores"):
         prods = [ar.mul(q.val, kr) for kr in pk.shifted(ar, k.val)]  # q_t · k_{(t+r) mod T'}
         if packed and dh == pow2(dh):
@@ -91,14 +105,15 @@ def lower_packed_attention(
             # keeps those slots, offset r in block r; broadcasting back to the head is rotations
             # again
             heads = [rotate_and_sum(ar, pr, 1, dh) for pr in prods]
-            s = [rotate_and_sum(ar, ar.dot_plain(heads, pk.head_masks(n)), -1, dh, pk.n_slots)]
+            masks = pk.head_masks(n, causal)  # causal: Eq. 11's mask folded in
+            s = [rotate_and_sum(ar, ar.dot_plain(heads, masks), -1, dh, pk.n_slots)]
         elif packed:  # heads of other widths: the head sums as maps into block r
             dst = [Layout(n, C, S, pk.attention_period, offset=r * pk.block) for r in shifts]
             s = [
                 apply_maps(
                     ar,
                     [
-                        (pr, pk.map_of(("head_sum", r), sums, lay, dst[r]))
+                        (pr, pk.map_of(("packed", r, causal), head_sum(r)[1], lay, dst[r]))
                         for r, pr in zip(shifts, prods, strict=True)
                     ],
                     None,
@@ -108,10 +123,8 @@ def lower_packed_attention(
             ]
         else:
             s = [
-                apply_maps(
-                    ar, [(pr, pk.map_of(("head_sum",), sums, lay, lay))], None, rot, pk.n_slots
-                )
-                for pr in prods
+                apply_maps(ar, [(pr, pk.map_of(*head_sum(r), lay, lay))], None, rot, pk.n_slots)
+                for r, pr in zip(shifts, prods, strict=True)
             ]
         del prods
     with ar.stage(f"{tag}.power" if power else f"{tag}.exp"):
@@ -125,7 +138,14 @@ def lower_packed_attention(
     del s
     with ar.stage(f"{tag}.reciprocal"):
         total = rotate_and_sum(ar, e[0], pk.block, n_blocks) if packed else ar.sum(e)
-        a = ar.add_scalar(total, (prog._inference_eps() if power else 0.0) / D - pad)
+        if pk.key_mask is None:
+            a = ar.add_scalar(total, (prog._inference_eps() if power else 0.0) / D - pad)
+        else:  # ε once per kept key: ε·Σ_j m_j / T at query t (j <= t when causal), times its scale
+            reach = np.tril(np.ones((T, T))) if causal else np.ones((T, T))
+            scale = (causal_row_scale(T, p) if causal else np.ones(T)) ** p
+            kept = pk.materialize(ar, rot, "kept_keys", _mask_of(pk, reach, C), lay)
+            weights = lay.place(np.repeat(prog._inference_eps() * scale / (T * D), C), pk.n_slots)
+            a = ar.add(total, ar.dot_plain([kept.val], [weights]))
         y = A.goldschmidt_reciprocal(ar, a, rec["iterations"])
     with ar.stage(f"{tag}.values"):
         # v_all: block r holds v rotated by r positions (masks: one level, off the critical path)
@@ -139,3 +159,10 @@ def lower_packed_attention(
         per_position(w[f"{key}.out_proj.weight"], T) @ seq_map.T
     )  # D̄ᵀ (DCT-Former), then the projection
     return Affine([(PVec(o, lay), out)], np.tile(w[f"{key}.out_proj.bias"], T))
+
+
+def _mask_of(pk: PackedProgram, reach: np.ndarray, C: int) -> Affine:
+    """Σ_j reach[t, j]·m_j at every channel of position t, from the client's key mask column."""
+    assert pk.key_mask is not None
+    T = reach.shape[0]
+    return Affine([(pk.key_mask, pk.mask_map(reach, C))], np.zeros(T * C))

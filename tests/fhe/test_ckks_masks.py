@@ -1,0 +1,77 @@
+"""Causal and key-padding masks in the polynomial (CKKS) programs, in the clear: the batch program
+and the packed one (all offsets in the slots, or offset by offset) against the float model's
+inference form (PowerSoftmax paper Eqs. 7 and 11), and against the unpadded review."""
+
+import numpy as np
+import pytest
+import torch
+
+from fhe.ckks.packed import PackedProgram
+from fhe.ckks.program import build_program, float_inference_form
+from models import Transformer, TransformerConfig
+from models.text import split_text_model
+
+VOCAB = ["<pad>", "<unk>"] + [f"w{i}" for i in range(30)]
+T = 6
+
+
+def _model(causal: bool, kind: str = "power-softmax", **kw) -> Transformer:
+    torch.manual_seed(0)
+    power = dict(power_form="length-agnostic", power_eps=0.05) if kind == "power-softmax" else {}
+    cfg = TransformerConfig(
+        seq_len=T,
+        norm="none",
+        d_model=8,
+        n_heads=2,
+        attention=kind,
+        causal=causal,
+        ffn_activation="quad",
+        **power,
+        **kw,
+    )
+    return Transformer(cfg).double().eval()
+
+
+def _programs(prog):
+    yield "batch", prog.clear
+    for slots in (4096, 512):  # every offset in the slots / offset by offset
+        packed = PackedProgram(prog, slots)
+        yield f"packed({packed.pack_attention})", packed.clear
+
+
+def test_causal_polynomial_programs_equal_the_causal_float_model():
+    model = _model(True, in_features=5, n_outputs=3)
+    x = 3 * torch.rand(400, T, 5, dtype=torch.float64)
+    prog = build_program(model, x[:360])
+    want = float_inference_form(model, x[360:])
+    unmasked = Transformer(model.config.replace(causal=False)).double().eval()
+    unmasked.load_state_dict(model.state_dict())
+    gap = np.abs(want - float_inference_form(unmasked, x[360:])).max()
+    for name, run in _programs(prog):
+        err = np.abs(run(x[360:].numpy()) - want).max()
+        assert err < 1e-4 < gap, name
+
+
+@pytest.mark.parametrize(
+    ("kind", "causal"),
+    [("power-softmax", False), ("power-softmax", True), ("activator", False)],
+    ids=["power-softmax", "power-softmax-causal", "activator"],  # causal: kinds with a mask
+)
+def test_a_padded_review_gives_its_unpadded_logits_through_the_polynomial_programs(kind, causal):
+    token_model = _model(causal, kind, in_features=len(VOCAB), n_outputs=2, input_kind="tokens")
+    ids = torch.randint(2, len(VOCAB), (2040, T))
+    for i, n in enumerate(torch.randint(1, T + 1, (2040,)).tolist()):
+        ids[i, n:] = 0
+    encoder, model = split_text_model(token_model, VOCAB)
+    x = encoder.embed_ids(ids).astype(np.float64)
+    prog = build_program(model.double(), x[:2000])  # intervals that cover short reviews
+    with torch.no_grad():  # each review at its own length: no padding at all
+        want = np.stack([token_model(r[None, : int((r != 0).sum())])[0] for r in ids[2000:]])
+    garbage = x[2000:].copy()
+    pad = garbage[..., -1] == 0
+    garbage[..., :-1][pad] = np.random.default_rng(0).normal(0, 0.3, (int(pad.sum()), 8))
+    tol = 1e-3 if kind == "power-softmax" else 1e-2  # the activator's own polynomial: ~2e-3
+    for name, run in _programs(prog):
+        got = run(x[2000:])
+        assert np.abs(got - want).max() < tol, name
+        np.testing.assert_allclose(run(garbage), got, atol=1e-9, err_msg=name)
