@@ -46,7 +46,7 @@ PREFLIGHT_SAMPLES = 256
 class Status(str, Enum):
     MEASURED = "measured"
     ESTIMATED = "compiled, latency estimated"
-    EXTRAPOLATED = "pre-flight only, latency extrapolated by PBS count"
+    EXTRAPOLATED = "pre-flight only"  # PBS counted; latency extrapolated from a compiled T, if any
     STOPPED = "stopped"
 
 
@@ -291,6 +291,7 @@ def write(
 
 def _plot(rows: list[LengthCost], path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -314,6 +315,7 @@ def _plot(rows: list[LengthCost], path: Path) -> None:
         sorted({r.seq_len for r in rows}),
         labels=[str(t) for t in sorted({r.seq_len for r in rows})],
     )
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # T's own labels only
     ax.grid(True, which="both", alpha=0.3)
     if ax.lines:
         ax.legend()

@@ -56,6 +56,20 @@ def _train(corpus, path, *options: str):
     return path
 
 
+SMALL_TFHE = ("--n-bits", "3", "--lut-bits", "4")  # narrow lookups: a quick keygen
+
+
+def _compile(model, corpus, out, *options: str):
+    """`fhe compile` (keys, one encrypted sample checked against the clear program, artifacts)."""
+    res = CliRunner().invoke(
+        main,
+        ["compile", str(model), *options, "--data-dir", str(corpus), "--calib", "400", "--out",
+         str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return res
+
+
 def test_a_text_model_runs_encrypted_under_tfhe_from_a_text(corpus, tmp_path):
     from fhe.api import run_artifact
     from fhe.deploy.client import Client, dequantize_output, quantize_input
@@ -63,12 +77,7 @@ def test_a_text_model_runs_encrypted_under_tfhe_from_a_text(corpus, tmp_path):
 
     model = _train(corpus, tmp_path / "text.pt", "--attention", "inhibitor", "--tie-qk")
     out = tmp_path / "art"
-    res = CliRunner().invoke(
-        main,
-        ["compile", str(model), "--n-bits", "3", "--lut-bits", "4", "--data-dir", str(corpus),
-         "--calib", "400", "--out", str(out)],
-    )  # fmt: skip
-    assert res.exit_code == 0, res.output
+    res = _compile(model, corpus, out, *SMALL_TFHE)
     assert "encrypted output equals the clear integer program: True" in res.output
     # the front end travels with the client only, as JSON and safetensors
     assert (out / "client" / "text.json").exists() and (
@@ -95,12 +104,7 @@ def test_a_text_model_runs_encrypted_under_ckks_packed(corpus, tmp_path):
         "length-agnostic", "--power-p", "2", "--power-eps", "1", "--ffn-activation", "quad",
     )  # fmt: skip
     out = tmp_path / "art"
-    res = CliRunner().invoke(
-        main,
-        ["compile", str(model), "--scheme", "ckks", "--data-dir", str(corpus), "--calib", "400",
-         "--out", str(out)],
-    )  # fmt: skip
-    assert res.exit_code == 0, res.output
+    res = _compile(model, corpus, out, "--scheme", "ckks")
     assert "packed" in res.output and (out / "client" / "text.json").exists()
     res = CliRunner().invoke(main, ["run", str(out), "--text", "Boring and awful, the worst."])
     assert res.exit_code == 0 and "text encrypted prediction" in res.output, res.output
@@ -130,12 +134,7 @@ def test_a_padded_text_model_runs_encrypted_with_its_mask_encrypted(corpus, tmp_
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     out = tmp_path / "art"
-    res = CliRunner().invoke(
-        main,
-        ["compile", str(model), "--n-bits", "3", "--lut-bits", "4", "--data-dir", str(corpus),
-         "--calib", "400", "--out", str(out)],
-    )  # fmt: skip
-    assert res.exit_code == 0, res.output
+    res = _compile(model, corpus, out, *SMALL_TFHE)
     assert "encrypted output equals the clear integer program: True" in res.output
     client = Client(out / "client")
     assert client.text.padded
@@ -161,12 +160,7 @@ def test_a_causal_padded_text_model_runs_encrypted_under_ckks_packed(corpus, tmp
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     out = tmp_path / "art"
-    res = CliRunner().invoke(
-        main,
-        ["compile", str(model), "--scheme", "ckks", "--data-dir", str(corpus), "--calib", "400",
-         "--out", str(out)],
-    )  # fmt: skip
-    assert res.exit_code == 0, res.output
+    res = _compile(model, corpus, out, "--scheme", "ckks")
     error = re.search(r"encrypted vs clear polynomial program: max \|error\| (\S+)", res.output)
     assert error and float(error.group(1)) < 1e-3, res.output
     res = CliRunner().invoke(main, ["run", str(out), "--text", "Awful, boring."])
@@ -191,12 +185,7 @@ def test_a_causal_text_model_runs_encrypted_under_tfhe(corpus, tmp_path):
         corpus, tmp_path / "causal.pt", "--causal", "--attention", "inhibitor", "--tie-qk"
     )
     out = tmp_path / "art"
-    res = CliRunner().invoke(
-        main,
-        ["compile", str(model), "--n-bits", "3", "--lut-bits", "4", "--data-dir", str(corpus),
-         "--calib", "400", "--out", str(out)],
-    )  # fmt: skip
-    assert res.exit_code == 0, res.output
+    res = _compile(model, corpus, out, *SMALL_TFHE)
     assert "encrypted output equals the clear integer program: True" in res.output
     res = CliRunner().invoke(main, ["run", str(out), "--text", "Boring and awful, the worst."])
     assert res.exit_code == 0 and "text encrypted prediction" in res.output, res.output
