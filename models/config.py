@@ -141,14 +141,13 @@ class TransformerConfig:
                 f"words={self.words} (words pooled into seq_len={self.seq_len} segments) needs "
                 "token inputs and at least one word per segment"
             )
-        masked_embedded = self.input_kind is InputKind.EMBEDDED and self.mask_padding
         if (
             self.input_kind is InputKind.EMBEDDED
-            and self.in_features != self.d_model + masked_embedded
+            and self.in_features != self.d_model + self.key_mask_column
         ):
             raise ValueError(
                 f"embedded inputs have d_model={self.d_model} columns"
-                + (" and the key mask column" if masked_embedded else "")
+                + (" and the key mask column" if self.key_mask_column else "")
                 + f", not in_features={self.in_features}"
             )
         if self.dct_n_bar is not None and not 0 < self.dct_n_bar <= self.seq_len:
@@ -159,6 +158,12 @@ class TransformerConfig:
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def key_mask_column(self) -> bool:
+        """Whether the input's last column is the client's key mask (0 at padding): an embedded
+        input of a model that masks padding (a padded text model, :mod:`models.text`)."""
+        return self.input_kind is InputKind.EMBEDDED and self.mask_padding
 
     @property
     def has_ffn(self) -> bool:

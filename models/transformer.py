@@ -112,7 +112,7 @@ class Transformer(nn.Module):
             return None
         if cfg.input_kind is InputKind.TOKENS:
             return x != 0
-        if cfg.input_kind is InputKind.EMBEDDED:
+        if cfg.key_mask_column:
             return x[..., -1] > 0.5
         return None
 

@@ -47,8 +47,7 @@ class QuantizedProgram:
         """The input carries the client's key mask (a padded text model, :mod:`models.text`): the
         program outputs (T, n_out + 1), per-position logits of the words and the mask, and the
         client takes their masked mean (:func:`masked_pooled_head`)."""
-        cfg = self.model.config
-        return cfg.input_kind is InputKind.EMBEDDED and cfg.mask_padding
+        return self.model.config.key_mask_column
 
     @property
     def client_pools(self) -> bool:
@@ -151,7 +150,7 @@ def check_exportable(model: Transformer) -> None:
 def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
     check_exportable(model)
     cfg = model.config
-    masked = cfg.input_kind is InputKind.EMBEDDED and cfg.mask_padding
+    masked = cfg.key_mask_column
     inp, _ = low.input(x, fit_on=x[..., :-1] if masked else None)  # the mask column: 0 or 1
     T = inp.shape[0]
     if masked:  # the client's vectors and its key mask (models.text, padded)

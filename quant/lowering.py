@@ -253,14 +253,6 @@ class Lowering:
         node = self.graph.add(name, "mul_const", (x.node,), tag=tag, value=np.int64(m))
         return self._out(node, _mul_scale(x.scale, 1.0 / m), x.fake)  # same real values, finer grid
 
-    def int_range(self, x: QValue) -> tuple[int, int]:
-        """The integer range a lookup's output is confined to (its ``out_range``)."""
-        attrs = self.graph.nodes[x.node].attrs
-        if "out_range" not in attrs:
-            raise ValueError(f"{x.node}: not a lookup output, its integer range is not fixed")
-        lo, hi = attrs["out_range"]
-        return int(lo), int(hi)
-
     def keep(self, x: QValue, mask: QValue, bounds: tuple[int, int], name: str, tag: str) -> QValue:
         """x · m for an encrypted m in {0, 1} (broadcast), in one lookup per element: with x in
         ``bounds`` = [lo, hi] and K = hi − lo + 1, u = x + K·m puts the kept values above hi and

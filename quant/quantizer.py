@@ -66,6 +66,13 @@ def quantize_weight(w: np.ndarray, n_bits: int, per_channel: bool) -> tuple[np.n
     )
 
 
+def mean_over_words(per_position: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """(..., T, n) per-position outputs and their (..., T, 1) 0/1 key mask → (..., n), the mean
+    over the positions that hold words (the client's last step for a padded text model, under
+    either scheme)."""
+    return (per_position * mask).sum(axis=-2) / np.maximum(mask.sum(axis=-2), 1.0)
+
+
 def decode_output(y: np.ndarray, scale, client_pools: bool, masked: bool = False) -> np.ndarray:
     """The client's decoding of the program's integer output: times its scale, then (for a program
     that outputs per-token logits, ``client_pools``) summed over the token axis. ``masked``: the
@@ -73,8 +80,6 @@ def decode_output(y: np.ndarray, scale, client_pools: bool, masked: bool = False
     pooling of a padded text model; quant.export.masked_pooled_head)."""
     y = np.asarray(y, dtype=np.float64)
     if masked:
-        m = y[..., -1:]  # (..., T, 1)
-        words = np.maximum(m.sum(axis=-2), 1.0)  # (..., 1)
-        return (y[..., :-1] * np.asarray(scale, dtype=np.float64) * m).sum(axis=-2) / words
+        return mean_over_words(y[..., :-1] * np.asarray(scale, dtype=np.float64), y[..., -1:])
     out = y * np.asarray(scale, dtype=np.float64)
     return out.sum(axis=-2) if client_pools else out

@@ -23,7 +23,6 @@ from fhe.ckks.planner import CkksPlan, plan_parameters
 from fhe.ckks.program import (
     PolyProgram,
     build_program,
-    masked_input,
     pool_outputs,
     pool_words,
 )
@@ -88,7 +87,7 @@ def encrypt_batch(ctx: ts.Context, x: np.ndarray) -> list:
 def words_pooling(config) -> dict | None:
     """What the client needs to pool a padded text model's outputs over its words (recorded in
     the artifact), or None."""
-    if not masked_input(config):
+    if not config.key_mask_column:
         return None
     return {"seq_len": config.seq_len, "n_outputs": config.n_outputs}
 

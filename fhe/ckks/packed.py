@@ -37,7 +37,7 @@ from fhe.ckks.packing import (
     pow2,
     rotate_and_sum,
 )
-from fhe.ckks.program import PolynomialError, PolyProgram, masked_input, pool_outputs
+from fhe.ckks.program import PolynomialError, PolyProgram, pool_outputs
 from models.config import Activation, NormKind
 
 
@@ -53,7 +53,7 @@ def check_packed(program: PolyProgram) -> None:
 def stride_of(program: PolyProgram) -> int:
     """One stride for every activation: the widest channel count, to the next power of two."""
     cfg = program.config
-    widths = [cfg.in_features, cfg.d_model, cfg.n_outputs + masked_input(cfg)]
+    widths = [cfg.in_features, cfg.d_model, cfg.n_outputs + cfg.key_mask_column]
     widths += [
         v.shape[0]
         for k, v in program.weights.items()
@@ -83,7 +83,7 @@ class PackedProgram:
         self.attention_period = pow2(self.T) * self.block
         self.pack_attention = self.attention_period <= n_slots
         self.input_layout = self.layout(cfg.in_features)
-        self.masked = masked_input(cfg)  # a padded text model: its key mask is the last column
+        self.masked = cfg.key_mask_column  # a padded text model: its key mask is the last column
         self.output_layout = (
             Layout(self.T, cfg.n_outputs + 1, self.stride, self.block)  # per position, and m_t
             if self.masked

@@ -30,6 +30,7 @@ from fhe.errors import FheError
 from models.config import Activation, AttentionKind, InputKind, NormKind, TransformerConfig
 from models.fold import fold_norms
 from models.transformer import Transformer
+from quant.quantizer import mean_over_words
 
 
 class PolynomialError(FheError):
@@ -52,7 +53,7 @@ class PolyProgram:
     # ------------------------------------------------------------------ entry points
     def forward(self, ar: Arith, xs: list[Val]) -> list[Val]:
         """xs: the T·F input values (position-major); returns the n_outputs logits, or for a
-        padded text model (:func:`masked_input`) each position's logits and its key mask,
+        padded text model (``config.key_mask_column``) each position's logits and its key mask,
         T·(n_outputs + 1) values that the client pools (:func:`pool_outputs`)."""
         cfg, w, T = self.config, self.weights, self.config.seq_len
         if len(xs) != T * cfg.in_features:
@@ -60,7 +61,7 @@ class PolyProgram:
                 f"the program takes {T} positions × {cfg.in_features} features = "
                 f"{T * cfg.in_features} input values (ciphertexts), got {len(xs)}"
             )
-        F, masked = cfg.in_features, masked_input(cfg)
+        F, masked = cfg.in_features, cfg.key_mask_column
         self.key_mask = [xs[t * F + F - 1] for t in range(T)] if masked else None
         with ar.stage("embed"):
             h = Affine(
@@ -277,25 +278,18 @@ class PolyProgram:
             return [ar.square(si) for si in s], square.scale, square.offset
 
 
-def masked_input(config: TransformerConfig) -> bool:
-    """Whether the input's last column is the client's key mask (a padded text model,
-    :mod:`models.text`)."""
-    return config.input_kind is InputKind.EMBEDDED and config.mask_padding
-
-
 def pool_outputs(config: TransformerConfig, y: np.ndarray) -> np.ndarray:
     """The client's last step on decrypted outputs: for a padded text model, (…, T·(n + 1)) per
     position logits and mask → the mean of the words' logits (…, n), the masked mean pooling of
     the float model (the server never learns how many words there are); else ``y`` unchanged."""
-    return pool_words(y, config.seq_len, config.n_outputs) if masked_input(config) else y
+    return pool_words(y, config.seq_len, config.n_outputs) if config.key_mask_column else y
 
 
 def pool_words(y: np.ndarray, seq_len: int, n_outputs: int) -> np.ndarray:
     """(…, T·(n + 1)) per-position logits and key mask → (…, n), the mean over the words."""
     y = np.asarray(y, dtype=np.float64)
     per = y.reshape(*y.shape[:-1], seq_len, n_outputs + 1)
-    m = np.round(per[..., -1:])  # 0 or 1, up to CKKS noise
-    return (per[..., :-1] * m).sum(axis=-2) / np.maximum(m.sum(axis=-2), 1.0)
+    return mean_over_words(per[..., :-1], np.round(per[..., -1:]))  # m: 0 or 1, up to CKKS noise
 
 
 def encode_clear(ar: ClearArith, x: np.ndarray | torch.Tensor) -> list[Val]:
@@ -313,7 +307,7 @@ def check_model(config: TransformerConfig) -> None:
             "its words; split the model first (models.text.split_text_model; `fhe compile` does "
             "it for models trained with --words)"
         )
-    if masked_input(config) and config.attention not in (
+    if config.key_mask_column and config.attention not in (
         AttentionKind.POWER_SOFTMAX,
         AttentionKind.ACTIVATOR,
         AttentionKind.GEGLU_ONLY,
