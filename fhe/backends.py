@@ -14,19 +14,23 @@ _MODULES: dict[tuple[str, object], str] = {
     ("TfheParams", None): "fhe.tfhe.backend",
     ("CkksParams", "batch"): "fhe.ckks.backend",
     ("CkksParams", "packed"): "fhe.ckks.backend_packed",
+    ("CkksParams", ("packed", "openfhe")): "fhe.ckks.openfhe.backend",
 }
 
 
-def _key(params_type: type, layout) -> tuple[type, object]:
-    return params_type, getattr(layout, "value", layout)
+def _key(params_type: type, layout, engine=None) -> tuple[type, object]:
+    """A CKKS engine other than the default one (TenSEAL) is part of the key."""
+    layout = getattr(layout, "value", layout)
+    engine = getattr(engine, "value", engine)
+    return params_type, layout if engine in (None, "tenseal") else (layout, engine)
 
 
-def register_backend(params_type: type, layout=None) -> Callable[[type], type]:
-    """Class decorator: the backend for ``params_type`` (in ``layout``, where the scheme has
-    several)."""
+def register_backend(params_type: type, layout=None, engine=None) -> Callable[[type], type]:
+    """Class decorator: the backend for ``params_type`` (in ``layout`` and on ``engine``, where the
+    scheme has several)."""
 
     def wrap(cls: type) -> type:
-        _BACKENDS[_key(params_type, layout)] = cls
+        _BACKENDS[_key(params_type, layout, engine)] = cls
         return cls
 
     return wrap
@@ -36,7 +40,7 @@ def backend_for(params) -> type:
     """The backend class that compiles ``params`` (a ``TfheParams`` or ``CkksParams``)."""
     import importlib
 
-    key = _key(type(params), getattr(params, "layout", None))
+    key = _key(type(params), getattr(params, "layout", None), getattr(params, "engine", None))
     if key not in _BACKENDS:
         module = _MODULES.get((type(params).__name__, key[1]))
         if module is not None:

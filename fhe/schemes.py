@@ -10,7 +10,7 @@ from fhe.ckks.approx import ApproxConfig
 from fhe.scheme import Scheme
 from quant.config import QuantConfig
 
-__all__ = ["RANGES", "CkksLayout", "CkksParams", "Scheme", "TfheParams"]
+__all__ = ["RANGES", "CkksEngine", "CkksLayout", "CkksParams", "Scheme", "TfheParams"]
 
 RANGES = ("calibrated", "proven")
 
@@ -76,6 +76,13 @@ class CkksLayout(str, Enum):
     )
 
 
+class CkksEngine(str, Enum):
+    """The library that runs a CKKS program (fhe/ckks/backend*.py, fhe/ckks/openfhe/)."""
+
+    TENSEAL = "tenseal"  # SEAL through TenSEAL: one modulus chain, no bootstrapping
+    OPENFHE = "openfhe"  # OpenFHE in a Python 3.10 worker: server-side bootstrapping, packed layout
+
+
 @dataclass(frozen=True)
 class CkksParams:
     """CKKS settings (TenSEAL). ``poly_modulus_degree=None`` lets the planner pick the smallest N
@@ -83,7 +90,9 @@ class CkksParams:
     client-assisted refresh (the data owner decrypts and re-encrypts ciphertexts that ran out of
     levels): never implicit. ``batch_size`` caps the samples packed per ciphertext (SIMD slots; N/2
     at most). ``layout``: batch (samples in the slots) or packed (one sample per ciphertext,
-    rotations; see :class:`CkksLayout`)."""
+    rotations; see :class:`CkksLayout`). ``engine``: :class:`CkksEngine`; OpenFHE bootstraps where
+    the chain runs out, so a deep program needs no refresh. ``insecure_ring_dim`` (tests only): an
+    OpenFHE ring below 128-bit security, labelled insecure in every report."""
 
     poly_modulus_degree: int | None = None
     scale_bits: int = 40
@@ -92,9 +101,27 @@ class CkksParams:
     approx: ApproxConfig = field(default_factory=ApproxConfig)
     batch_size: int | None = None
     layout: CkksLayout = CkksLayout.BATCH
+    engine: CkksEngine = CkksEngine.TENSEAL
+    insecure_ring_dim: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layout", CkksLayout(self.layout))
+        object.__setattr__(self, "engine", CkksEngine(self.engine))
+        if self.engine is CkksEngine.OPENFHE:
+            if self.layout is not CkksLayout.PACKED:
+                raise ValueError("the OpenFHE engine runs the packed layout only")
+            if self.refresh:
+                raise ValueError("the OpenFHE engine bootstraps; it has no client-assisted refresh")
+            if self.poly_modulus_degree is not None:
+                raise ValueError(
+                    "the OpenFHE engine picks its own chain (N = 65536, 128-bit, with bootstraps); "
+                    "drop --poly-modulus-degree"
+                )
+        if self.insecure_ring_dim is not None and (
+            self.engine is not CkksEngine.OPENFHE
+            or self.insecure_ring_dim not in (1 << 11, 1 << 12, 1 << 13)
+        ):
+            raise ValueError("insecure_ring_dim (tests only): 2048, 4096 or 8192, OpenFHE engine")
         if self.poly_modulus_degree is not None and self.poly_modulus_degree not in (
             4096,
             8192,

@@ -65,6 +65,36 @@ def ranges_line(rep: dict) -> str:
     )
 
 
+def _chain_rows(rep: dict) -> list[tuple[str, object]]:
+    """The modulus chain: TenSEAL's one chain (and its refreshes), or OpenFHE's with bootstraps."""
+    if rep.get("engine") != "openfhe":
+        return [
+            ("poly_modulus_degree", rep["poly_modulus_degree"]),
+            ("coeff_mod_bit_sizes", rep["coeff_mod_bit_sizes"]),
+            ("scale_bits", rep["scale_bits"]),
+            ("security_bits", rep["security_bits"]),
+            ("slots (samples per ciphertext)", rep["slots"]),
+            ("client-assisted refresh", rep["client_assisted_refresh"]),
+            ("program depth without refresh", rep["program_depth_without_refresh"]),
+        ]
+    security = "INSECURE test ring" if rep["insecure_test_parameters"] else rep["security_bits"]
+    per_stage = ", ".join(f"{t} {n}" for t, n in rep["bootstraps_per_stage"].items()) or "none"
+    return [
+        ("engine", "openfhe"),
+        ("ring dimension", rep["poly_modulus_degree"]),
+        ("security_bits", security),
+        ("scale_bits / first prime bits", f"{rep['scale_bits']} / {rep['first_mod_bits']}"),
+        ("slots", rep["slots"]),
+        ("chain depth", rep["chain_depth"]),
+        ("levels after a bootstrap", rep["levels_after_bootstrap"]),
+        ("levels one bootstrap uses", rep["bootstrap_depth"]),
+        ("bootstraps (server-side)", rep["bootstraps"]),
+        ("bootstraps per stage", per_stage),
+        ("largest |input| of a bootstrap", max(rep["bootstrap_input_peaks"], default=0)),
+        ("bootstraps above |x| = 16 (less precise)", rep["bootstraps_beyond_flat_error"]),
+    ]
+
+
 def format_ckks_report(rep: dict) -> str:
     rows = [
         ("scheme", rep["scheme"]),
@@ -72,13 +102,7 @@ def format_ckks_report(rep: dict) -> str:
         ("layout, why", rep["layout_reason"]),
         ("seq_len", rep["seq_len"]),
         ("depth", rep["depth"]),
-        ("poly_modulus_degree", rep["poly_modulus_degree"]),
-        ("coeff_mod_bit_sizes", rep["coeff_mod_bit_sizes"]),
-        ("scale_bits", rep["scale_bits"]),
-        ("security_bits", rep["security_bits"]),
-        ("slots (samples per ciphertext)", rep["slots"]),
-        ("client-assisted refresh", rep["client_assisted_refresh"]),
-        ("program depth without refresh", rep["program_depth_without_refresh"]),
+        *_chain_rows(rep),
     ]
     if rep["layout"] == "packed":
         rows += [("rotation steps (one Galois key each)", len(rep["rotation_steps"]))]

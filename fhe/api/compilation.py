@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 SCHEMES = tuple(s.value for s in Scheme)
 LAYOUTS = ("auto", "batch", "packed")  # auto: fhe/api/schemes/ckks.py's choose_layout
+ENGINES = ("tenseal", "openfhe")
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,13 @@ class CompileOptions:
         "(one sample per ciphertext, rotations: the latency of one query). auto: packed for `fhe "
         "compile` (one query), batch for `fhe compare` (a dataset) and with --refresh.",
         choices=LAYOUTS,
+    )
+    engine: str = option_field(
+        "tenseal",
+        "CKKS library: tenseal (SEAL; one modulus chain, no bootstrapping) or openfhe (bootstraps "
+        "on the server where the chain runs out, so a deep model needs no refresh; packed layout; "
+        "runs in a Python 3.10 worker, `make install` builds it).",
+        choices=ENGINES,
     )
 
     def __post_init__(self) -> None:

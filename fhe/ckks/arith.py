@@ -4,9 +4,11 @@ Every value is a :class:`Val`: data (a numpy array over the batch, or a cipherte
 hold the batch) plus its *level*, the number of rescales it went through. A ciphertext × ciphertext
 product and a ciphertext × scalar product each cost one level (TenSEAL rescales after every
 product); additions cost none. Subclasses implement the raw operations; this base class counts
-operations per stage tag, tracks levels and, only when asked (``refresh=True``), performs a labelled
-client-assisted refresh (the data owner decrypts and re-encrypts) of an operand that would exceed
-the chain's depth.
+operations per stage tag, tracks levels and, only when asked, renews an operand that would exceed
+the chain's depth: a labelled client-assisted refresh (``refresh=True``: the data owner decrypts and
+re-encrypts) or a server-side bootstrap (``bootstrap=True``, engines that have one). Renewal is
+just in time: an operand is renewed when its next product would not fit, so a chain of products
+gets the fewest renewals, one every ``max_depth`` levels.
 
 Because the clear and the encrypted evaluation run the same program through the same bookkeeping,
 the clear run predicts the encrypted run's depth, operation counts and refreshes exactly.
@@ -36,15 +38,21 @@ class Val:
     level: int = 0
 
 
-OPS = ("ct_ct_mul", "ct_pt_mul", "add", "rescale", "rotation", "client_refresh")
+OPS = ("ct_ct_mul", "ct_pt_mul", "add", "rescale", "rotation", "client_refresh", "bootstrap")
 
 
 class Arith:
     """Counts, levels, stage tags and the refresh rule; subclasses supply ``_mul`` & co."""
 
-    def __init__(self, max_depth: int | None = None, refresh: bool = False) -> None:
+    def __init__(
+        self, max_depth: int | None = None, refresh: bool = False, bootstrap: bool = False
+    ) -> None:
+        if refresh and bootstrap:
+            raise ValueError("a value is renewed by the client (refresh) or the server (bootstrap)")
         self.max_depth = max_depth
         self.refresh = refresh
+        self.bootstrap = bootstrap
+        self.bootstraps: list[str] = []  # the stage tag of each bootstrap, in run order
         self.tag = "input"
         self.counts: dict[str, Counter] = defaultdict(Counter)
         self.timings_s: dict[str, float] = defaultdict(float)
@@ -72,6 +80,11 @@ class Arith:
         """The operand of a product: refreshed first when one more level would not fit the chain."""
         self.level_in[self.tag] = max(self.level_in.get(self.tag, 0), v.level)
         if self.max_depth is None or v.level + 1 <= self.max_depth:
+            return v
+        if self.bootstrap:
+            self._count("bootstrap")
+            self.bootstraps.append(self.tag)
+            v.data, v.level = self._bootstrap(v.data), 0  # in place, as a refresh
             return v
         if not self.refresh:
             raise DepthExceededError(
@@ -156,6 +169,12 @@ class Arith:
         self.rotation_steps[step] += 1
         return self._out(self._rotate(a.data, step), a.level)
 
+    def before_fanout(self, v: Val) -> Val:
+        """``v``, about to be rotated into copies that each meet a product (baby steps, shifted
+        keys): bootstrapped first if exhausted, once, instead of once per copy. Other renewals
+        (and every client refresh) stay just in time."""
+        return self._ready(v) if self.bootstrap else v
+
     def dot_plain(self, vals: Sequence[Val], plains: Sequence[np.ndarray]) -> Val:
         """Σ xᵢ ⊙ pᵢ with clear slot vectors pᵢ: one ct×pt product each, one rescale for the sum."""
         vals = [self._ready(v) for v in vals]
@@ -191,6 +210,10 @@ class Arith:
     def _refresh(self, a):
         raise NotImplementedError
 
+    def _bootstrap(self, a):
+        """A server-side bootstrap (engines that have one)."""
+        raise NotImplementedError
+
     def _rotate(self, a, step: int):
         raise NotImplementedError
 
@@ -213,6 +236,7 @@ class Arith:
             "depth": max(self.level_out.values(), default=0),
             "level_after_tag": dict(self.level_out),
             "rotation_steps": sorted(int(k) for k in self.rotation_steps),
+            **({"bootstraps": list(self.bootstraps)} if self.bootstrap else {}),
         }
 
 
@@ -223,10 +247,15 @@ class ClearArith(Arith):
     count)."""
 
     def __init__(
-        self, max_depth: int | None = None, refresh: bool = False, strict: bool = False
+        self,
+        max_depth: int | None = None,
+        refresh: bool = False,
+        strict: bool = False,
+        bootstrap: bool = False,
     ) -> None:
-        super().__init__(max_depth, refresh)
+        super().__init__(max_depth, refresh, bootstrap)
         self.strict = strict
+        self.bootstrap_peaks: list[float] = []  # max |value| entering each bootstrap
         self.ranges: dict[str, tuple[float, float]] = {}  # input range of each approximated op
         self.outside: dict[str, int] = {}  # values that fell outside the op's calibrated interval
 
@@ -249,6 +278,10 @@ class ClearArith(Arith):
         return a * c
 
     def _refresh(self, a):
+        return a
+
+    def _bootstrap(self, a):
+        self.bootstrap_peaks.append(float(np.max(np.abs(a))))
         return a
 
     def _rotate(self, a, step):

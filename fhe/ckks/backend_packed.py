@@ -41,13 +41,26 @@ def is_packed(folder: str | Path) -> bool:
     return json.loads((Path(folder) / "meta.json").read_text()).get("layout") == "packed"
 
 
-def open_server(folder: str | Path) -> CkksServer:
-    """The server side of a CKKS artifact, in the layout it was compiled for."""
+def engine_of(folder: str | Path) -> str:
+    """The CKKS engine an artifact folder was compiled for (tenseal or openfhe)."""
+    return json.loads((Path(folder) / "meta.json").read_text()).get("engine", "tenseal")
+
+
+def open_server(folder: str | Path):
+    """The server side of a CKKS artifact, in the layout and on the engine it was compiled for."""
+    if engine_of(folder) == "openfhe":
+        from fhe.ckks.openfhe.backend import OpenFheServer
+
+        return OpenFheServer(folder)
     return (PackedServer if is_packed(folder) else CkksServer)(folder)
 
 
-def open_client(folder: str | Path) -> CkksClient:
-    """The client side of a CKKS artifact, in the layout it was compiled for."""
+def open_client(folder: str | Path):
+    """The client side of a CKKS artifact, in the layout and on the engine it was compiled for."""
+    if engine_of(folder) == "openfhe":
+        from fhe.ckks.openfhe.backend import OpenFheClient
+
+        return OpenFheClient(folder)
     return (PackedClient if is_packed(folder) else CkksClient)(folder)
 
 

@@ -60,7 +60,7 @@ def compare_ckks(
             if progress:
                 progress(
                     f"encrypted run on samples {sl.start}..{sl.stop - 1} "
-                    f"(N={backend.plan.poly_modulus_degree}, depth {backend.plan.depth}) ..."
+                    f"(N={backend.plan.poly_modulus_degree}, chain depth {backend.plan.depth}) ..."
                 )
             start = time.perf_counter()
             enc.append(backend.encrypt_run_decrypt(x_np[sl]))
@@ -104,16 +104,6 @@ def compare_ckks(
             "recalibrate with more samples (--calib) or a wider --margin"
         )
     rep = backend.report()
-    result.update(
-        {
-            k: rep[k]
-            for k in (
-                "depth",
-                "program_depth_without_refresh",
-                "poly_modulus_degree",
-                "coeff_mod_bit_sizes",
-                "op_counts",
-            )
-        }
-    )
+    keys = ("depth", "program_depth_without_refresh", "poly_modulus_degree", "coeff_mod_bit_sizes")
+    result.update({k: rep[k] for k in (*keys, "op_counts", "engine", "bootstraps") if k in rep})
     return result

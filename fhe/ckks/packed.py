@@ -177,7 +177,7 @@ class PackedProgram:
     def shifted(self, ar: Arith, x: Val) -> list[Val]:
         """x rotated by r positions, r = 0 … T'−1, as a chain of one-position rotations (one Galois
         key)."""
-        out = [x]
+        out = [ar.before_fanout(x)]
         for _ in range(pow2(self.T) - 1):
             out.append(ar.rotate(out[-1], self.stride))
         return out

@@ -143,6 +143,8 @@ class Rotations:
         ref, rots = self._cache.setdefault(id(x), (x, {}))
         if ref is not x:  # an id reused after the value was freed: start afresh
             self._cache[id(x)] = ref, rots = x, {}
+        if not rots:
+            self.ar.before_fanout(x)  # in place: the copies then start from a fresh value
         if step not in rots:
             rots[step] = self.ar.rotate(x, step)
         return rots[step]

@@ -78,7 +78,7 @@ class Client:
         import httpx
 
         client_dir = Path(client_dir)
-        if (client_dir / "context.secret").exists():
+        if any((client_dir / f).exists() for f in ("context.secret", "openfhe.secret")):
             from fhe.ckks.backend_packed import open_client
 
             self.scheme, self.local = Scheme.CKKS, open_client(client_dir)  # batch or packed layout

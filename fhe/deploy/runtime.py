@@ -102,6 +102,12 @@ def artifact_info(path: str | Path) -> ArtifactInfo:
         kept = {k: meta[k] for k in TFHE_DESCRIBED if k in meta}
         description = {"scheme": "tfhe", **kept, "evaluation_keys_bytes": size}
         return ArtifactInfo(folder, Scheme.TFHE, description, size, size)
+    if meta.get("engine") == "openfhe":
+        raise FheError(
+            "serving an OpenFHE-engine artifact is not built yet (its evaluation keys are OpenFHE "
+            "files the service cannot take from a client yet); run it with `fhe run`, or compile "
+            "with --engine tenseal to serve"
+        )
     if meta["plan"]["client_assisted_refresh"]:
         raise FheError(
             "this CKKS program needs client-assisted refreshes, which a one-request service "

@@ -31,6 +31,8 @@ def choose_layout(options, for_dataset: bool) -> LayoutChoice:
     only in the batch layout. An explicit ``--layout`` is kept as asked."""
     if options.layout != "auto":
         return LayoutChoice(options.layout, f"--layout {options.layout} asked for")
+    if options.engine == "openfhe":
+        return LayoutChoice("packed", "auto: the OpenFHE engine bootstraps the packed layout only")
     if for_dataset:
         return LayoutChoice(
             "batch", "auto: a dataset, so the batch layout (N/2 samples per run at the cost of one)"
@@ -76,6 +78,7 @@ class CkksSteps(SchemeSteps):
                 outer_bits=options.outer_bits,
                 refresh=options.refresh,
                 layout=options.layout,
+                engine=options.engine,
                 approx=ApproxConfig(
                     reciprocal_tol=options.reciprocal_tol,
                     activation_tol=options.activation_tol,

@@ -1,0 +1,465 @@
+"""The OpenFHE engine's CKKS backend: the packed program, bootstrapped on the server where its chain
+runs out, so a deep model never needs the data owner mid-run.
+
+Planning (before any key exists), from clear packed runs of the program:
+
+1. OpenFHE's chain at N = 2^16: scale 2^52 and a 60-bit first prime (OpenFHE bootstraps only with
+   first − scale ≤ 8 bits there; a smaller scale loses the precision a bootstrap keeps), level
+   budget (3, 2) and 5 key-switching digits (what fits this machine's memory), and the most levels
+   left after a bootstrap that 128-bit security allows (asked of OpenFHE itself). The figures behind
+   these choices are in ``benchmarks/results/ckks_bootstrap.md``;
+2. bootstraps placed just in time by :class:`fhe.ckks.arith.Arith`: an operand whose next product
+   would not fit is bootstrapped, once (in place), and an exhausted value is bootstrapped before it
+   is rotated, not each rotated copy after. One level is kept below each bootstrap: OpenFHE
+   bootstraps only a ciphertext with a level left. The count and the stage of each bootstrap are in
+   the report;
+3. the largest |value| the calibration samples bring to each bootstrap: OpenFHE's error is flat
+   (~4e-4) up to |x| = 16 and grows beyond (5e-3 at 64, measured); the report lists them and warns
+   above 16;
+4. the rotation steps (one key each), as the TenSEAL packed layout.
+
+Keys: the client worker makes every key; the server folder gets the crypto context, the public key
+and the evaluation keys (relinearisation, rotations, bootstrapping), never the secret key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fhe.artifacts import verify
+from fhe.backends import register_backend
+from fhe.ckks.arith import ClearArith, Val
+from fhe.ckks.openfhe.engine import OpenFheArith, WorkerProcess, bootstrap_depth
+from fhe.ckks.packed import PackedProgram, check_packed, min_slots
+from fhe.ckks.planner import DepthError
+from fhe.ckks.program import PolyProgram, build_program
+from fhe.ckks.serialize import load_program, save_program
+from fhe.errors import KeysMissingError
+from fhe.schemes import CkksEngine, CkksLayout, CkksParams, Scheme
+
+SECURE_RING = 1 << 16
+SCALE_BITS = 52
+FIRST_MOD_BITS = 60  # OpenFHE bootstraps only with first − scale ≤ 8 bits at N = 2^16
+LEVEL_BUDGET = (3, 2)  # levels of the bootstrap's two linear transforms (fewer: more keys, memory)
+LARGE_DIGITS = 5  # hybrid key switching digits: more fit more levels in 128 bits, bigger keys
+FLAT_ERROR_BOUND = 16.0  # OpenFHE's bootstrap error is flat for |x| up to this (measured)
+PLAN_SAMPLES = 16  # calibration samples the bootstrap inputs' peaks are taken over
+SERVER_FILES = (
+    "openfhe.context",
+    "openfhe.public",
+    "openfhe.mult_keys",
+    "openfhe.rotation_keys",
+    "openfhe.params.json",
+)
+CLIENT_FILES = ("openfhe.context", "openfhe.public", "openfhe.secret", "openfhe.params.json")
+
+
+@cache
+def levels_after_bootstrap() -> int:
+    """The most levels a bootstrapped ciphertext keeps under 128-bit security at N = 2^16 with this
+    module's scale, budget and digits (OpenFHE refuses a larger chain). An insecure test ring takes
+    the same number, so that a test places its bootstraps where the real parameters would."""
+    worker = WorkerProcess()
+    try:
+        reply, _ = worker.call(
+            "max_levels_after",
+            ring_dim=SECURE_RING,
+            scale_bits=SCALE_BITS,
+            first_mod_bits=FIRST_MOD_BITS,
+            level_budget=list(LEVEL_BUDGET),
+            large_digits=LARGE_DIGITS,
+        )
+    finally:
+        worker.close()
+    return int(reply["levels"])
+
+
+@dataclass(frozen=True)
+class OpenFhePlan:
+    """Everything the keys and a run depend on, decided from clear runs (saved in meta.json)."""
+
+    ring_dim: int
+    secure: bool
+    slots: int
+    scale_bits: int
+    first_mod_bits: int
+    large_digits: int
+    level_budget: tuple[int, int]
+    bootstrap_depth: int  # levels one bootstrap consumes
+    levels_after: int  # levels a fresh or bootstrapped ciphertext has for the program
+    program_depth: int  # the program's depth with no bootstrap
+    bootstrap_tags: tuple[str, ...]  # the stage of each bootstrap, in run order
+    peaks: tuple[float, ...]  # the largest |value| entering each bootstrap (calibration samples)
+    rotation_steps: tuple[int, ...]
+
+    @property
+    def poly_modulus_degree(self) -> int:
+        return self.ring_dim
+
+    @property
+    def depth(self) -> int:
+        """The chain's depth (a bootstrap and the levels left after it)."""
+        return self.total_depth
+
+    @property
+    def total_depth(self) -> int:
+        return self.levels_after + self.bootstrap_depth
+
+    @property
+    def arith_depth(self) -> int:
+        """Levels between bootstraps: one is kept below each (OpenFHE bootstraps only a ciphertext
+        with a level left)."""
+        return self.levels_after - 1
+
+    def worker_params(self) -> dict:
+        return {
+            "secure": self.secure,
+            "ring_dim": self.ring_dim,
+            "scale_bits": self.scale_bits,
+            "first_mod_bits": self.first_mod_bits,
+            "large_digits": self.large_digits,
+            "total_depth": self.total_depth,
+            "slots": self.slots,
+            "level_budget": list(self.level_budget),
+            "bootstrap": bool(self.bootstrap_tags),
+            "rotation_steps": list(self.rotation_steps),
+        }
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> OpenFhePlan:
+        d = dict(d)
+        for name in ("level_budget", "bootstrap_tags", "peaks", "rotation_steps"):
+            d[name] = tuple(d[name])
+        return cls(**d)
+
+
+def bootstraps_per_stage(tags) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for tag in tags:
+        out[tag] = out.get(tag, 0) + 1
+    return out
+
+
+def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
+    """The plan and the clear run's summary (see the module docstring)."""
+    ring = params.insecure_ring_dim or SECURE_RING
+    slots = min_slots(program)
+    if slots > ring // 2:
+        raise DepthError(f"the packed program needs {slots} slots, more than N = {ring} has")
+    packed = PackedProgram(program, slots)
+    if not packed.pack_attention and packed.attention_period <= ring // 2:
+        # all attention offsets in one ciphertext: one bootstrap where there would be one per
+        # offset (issue 28's digits model: 8 bootstraps at 2048 slots, 24 at 256)
+        slots = packed.attention_period
+        packed = PackedProgram(program, slots)
+    unbounded = ClearArith()
+    packed.clear(calib_x[:1], unbounded)
+    after = levels_after_bootstrap()
+    peaks: list[float] = []
+    summary: dict = {}
+    for sample in calib_x[:PLAN_SAMPLES]:
+        ar = ClearArith(max_depth=after - 1, bootstrap=True)  # OpenFhePlan.arith_depth
+        packed.clear(sample[None], ar)
+        summary = ar.summary()
+        new = ar.bootstrap_peaks  # the same bootstraps for every sample: one program
+        peaks = [max(p, q) for p, q in zip(peaks, new, strict=True)] if peaks else list(new)
+    plan = OpenFhePlan(
+        ring_dim=ring,
+        secure=params.insecure_ring_dim is None,
+        slots=slots,
+        scale_bits=SCALE_BITS,
+        first_mod_bits=FIRST_MOD_BITS,
+        large_digits=LARGE_DIGITS,
+        level_budget=LEVEL_BUDGET,
+        bootstrap_depth=bootstrap_depth(LEVEL_BUDGET),
+        levels_after=after,
+        program_depth=unbounded.summary()["depth"],
+        bootstrap_tags=tuple(summary["bootstraps"]),
+        peaks=tuple(round(p, 4) for p in peaks),
+        rotation_steps=tuple(summary["rotation_steps"]),
+    )
+    return plan, summary
+
+
+@register_backend(CkksParams, CkksLayout.PACKED, CkksEngine.OPENFHE)
+class OpenFheBackend:
+    """Compile, keys, encrypt/run/decrypt in this process (two workers: client and server), report
+    and artifacts."""
+
+    scheme = Scheme.CKKS
+    layout = "packed"
+
+    def __init__(
+        self, program: PolyProgram, params: CkksParams, plan: OpenFhePlan, planned: dict, meta: dict
+    ) -> None:
+        self.program, self.params, self.plan, self.planned = program, params, plan, planned
+        self.meta = meta
+        self.packed = PackedProgram(program, plan.slots)
+        self.client: WorkerProcess | None = None
+        self.server: WorkerProcess | None = None
+        self.keys_dir: Path | None = None
+        self.timings_s: dict[str, float] = {}
+        self.key_sizes_bytes: dict[str, int] = {}
+        self.last_run: dict = {}
+
+    @classmethod
+    def compile(cls, model, calib_x, params: CkksParams, meta: dict | None = None):
+        start = time.perf_counter()
+        program = build_program(model, calib_x, params.approx)
+        check_packed(program)
+        x = np.asarray(calib_x, dtype=np.float64)
+        plan, planned = plan_openfhe(program, x, params)
+        backend = cls(program, params, plan, planned, dict(meta or {}))
+        backend.timings_s["compile"] = time.perf_counter() - start
+        return backend
+
+    # ------------------------------------------------------------------ keys
+    @property
+    def has_keys(self) -> bool:
+        return self.server is not None
+
+    def keygen(self, force: bool = False) -> None:
+        """All keys in a worker of their own, which writes the server and client files and exits;
+        the client worker then opens the client files, the server worker the server files only."""
+        if self.server is not None and not force:
+            return
+        self.close()  # a forced keygen replaces the workers and their keys
+        self.keys_dir = Path(tempfile.mkdtemp(prefix="fhe-openfhe-"))
+        # GBs at N = 2^16: removed with the backend even when close() is never called
+        weakref.finalize(self, shutil.rmtree, self.keys_dir, True)
+        start = time.perf_counter()
+        maker = WorkerProcess()  # exits after keygen: its peak memory is the keys' (GBs)
+        try:
+            reply, _ = maker.call(
+                "keygen",
+                params=self.plan.worker_params(),
+                server_dir=str(self.keys_dir / "server"),
+                client_dir=str(self.keys_dir / "client"),
+            )
+            self.timings_s["keygen"] = time.perf_counter() - start
+        finally:
+            maker.close()
+        self.client = WorkerProcess()
+        self.client.call("open_client", folder=str(self.keys_dir / "client"))
+        self.server = WorkerProcess()
+        info, _ = self.server.call("open_server", folder=str(self.keys_dir / "server"))
+        if info["has_secret_key"]:  # the worker reads no secret file; a real check regardless
+            raise RuntimeError("the OpenFHE server worker holds a secret key")
+        sizes = reply["sizes"]
+        self.key_sizes_bytes = {
+            "public_context": sizes["context"] + sizes["public"],
+            "relin_keys": sizes["mult"],
+            "rotation_and_bootstrap_keys": sizes["rotation"],
+            "secret_key": sizes["secret"],
+        }
+
+    def _require_keys(self) -> tuple[WorkerProcess, WorkerProcess]:
+        if self.client is None or self.server is None:
+            raise KeysMissingError("no OpenFHE keys yet: call keygen() first")
+        return self.client, self.server
+
+    # ------------------------------------------------------------------ client and server
+    def encrypt(self, x: np.ndarray | torch.Tensor) -> list[bytes]:
+        """(B, T, F) or (T, F) floats → one serialised ciphertext per sample (what is sent)."""
+        client, _ = self._require_keys()
+        x = np.asarray(x, dtype=np.float64)
+        x = x[None] if x.ndim == 2 else x
+        start = time.perf_counter()
+        level = self.plan.bootstrap_depth  # a fresh ciphertext has exactly `levels_after` left
+        out = [client.to_bytes(client.encrypt(self.packed.encode_input(s), level)) for s in x]
+        self.timings_s["encrypt"] = time.perf_counter() - start
+        return out
+
+    def decrypt(self, cts: list[bytes]) -> np.ndarray:
+        client, _ = self._require_keys()
+        start = time.perf_counter()
+        slots = [client.decrypt(client.from_bytes(ct))[: self.plan.slots] for ct in cts]
+        out = np.stack([self.packed.decode_output(s) for s in slots])
+        self.timings_s["decrypt"] = time.perf_counter() - start
+        return out
+
+    def run(self, cts: list[bytes]) -> list[bytes]:
+        """One query per ciphertext; ``timings_s['run']`` is the last one's latency."""
+        _, server = self._require_keys()
+        out = []
+        for blob in cts:
+            start = time.perf_counter()
+            result, ar = run_on(server, self.packed, self.plan, blob)
+            out.append(result)
+            self.timings_s["run"] = time.perf_counter() - start
+            self.last_run = {"stages_s": dict(ar.timings_s), **ar.summary()}
+        return out
+
+    def encrypt_run_decrypt(self, x) -> np.ndarray:
+        return self.decrypt(self.run(self.encrypt(x)))
+
+    def simulate(self, x) -> np.ndarray:
+        """The clear polynomial program (exact arithmetic; CKKS and bootstrapping noise are not
+        modelled)."""
+        return self.program.clear(np.asarray(x, dtype=np.float64))
+
+    # ------------------------------------------------------------------ report and artifacts
+    def report(self) -> dict:
+        plan, planned = self.plan, self.planned
+        return {
+            "scheme": "ckks",
+            "engine": "openfhe",
+            "seq_len": self.program.config.seq_len,
+            "layout": "packed",
+            "layout_reason": f"{self.meta.get('layout_reason', 'packed')}: the OpenFHE engine "
+            "bootstraps one packed ciphertext per query",
+            "depth": plan.program_depth,
+            "depth_per_tag": planned["level_after_tag"],
+            "poly_modulus_degree": plan.ring_dim,
+            "security_bits": 128 if plan.secure else 0,
+            "insecure_test_parameters": not plan.secure,
+            "scale_bits": plan.scale_bits,
+            "first_mod_bits": plan.first_mod_bits,
+            "slots": plan.slots,
+            "chain_depth": plan.total_depth,
+            "levels_after_bootstrap": plan.levels_after,
+            "bootstrap_depth": plan.bootstrap_depth,
+            "level_budget": list(plan.level_budget),
+            "bootstraps": len(plan.bootstrap_tags),
+            "bootstraps_per_stage": bootstraps_per_stage(plan.bootstrap_tags),
+            "bootstrap_input_peaks": list(plan.peaks),
+            "bootstraps_beyond_flat_error": sum(p > FLAT_ERROR_BOUND for p in plan.peaks),
+            "client_assisted_refresh": False,
+            "op_counts": planned["op_counts"],
+            "op_counts_per_tag": planned["op_counts_per_tag"],
+            "rotation_steps": list(plan.rotation_steps),
+            "galois_keys_count": len(plan.rotation_steps),
+            "approximations": {
+                k: {a: b for a, b in v.items() if a != "coeffs"}
+                for k, v in self.program.ops.items()
+            },
+            "key_sizes_bytes": dict(self.key_sizes_bytes),
+            "timings_s": {
+                **self.timings_s,
+                **{f"stage.{k}": v for k, v in self.last_run.get("stages_s", {}).items()},
+            },
+            **{k: v for k, v in self.meta.items() if k in ("task", "model_path")},
+        }
+
+    def _artifact_meta(self) -> dict:
+        cfg = self.program.config
+        return {
+            "layout": "packed",
+            "engine": "openfhe",
+            "openfhe_plan": self.plan.to_dict(),
+            "io": {
+                "seq_len": cfg.seq_len,
+                "in_features": cfg.in_features,
+                "n_outputs": cfg.n_outputs,
+            },
+        }
+
+    def save(self, directory, include_secret_key: bool = False) -> dict:
+        """server/: program, crypto context, public and evaluation keys; client/ (on request): the
+        context, public and secret keys."""
+        self._require_keys()
+        assert self.keys_dir is not None
+        directory = Path(directory)
+        server, client = directory / "server", directory / "client"
+        server.mkdir(parents=True, exist_ok=True)
+        for name in SERVER_FILES:
+            shutil.copyfile(self.keys_dir / "server" / name, server / name)
+        save_program(self.program, server)
+        meta = {**self.meta, **self._artifact_meta()}
+        (server / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+        paths = {"server": server}
+        if include_secret_key:
+            client.mkdir(parents=True, exist_ok=True)
+            for name in CLIENT_FILES:
+                shutil.copyfile(self.keys_dir / "client" / name, client / name)
+            save_program(self.program, client)  # the client decodes the packed output layout
+            (client / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+            paths["client"] = client
+        return paths
+
+    def close(self) -> None:
+        """Stops the workers and removes the keys' temporary folder (the saved artifacts stay)."""
+        for worker in (self.client, self.server):
+            if worker is not None:
+                worker.close()
+        self.client = self.server = None
+        if self.keys_dir is not None:
+            shutil.rmtree(self.keys_dir, ignore_errors=True)
+
+
+def run_on(worker: WorkerProcess, packed: PackedProgram, plan: OpenFhePlan, blob: bytes):
+    """One query on a server worker: the serialised ciphertext in, the serialised result out."""
+    ar = OpenFheArith(worker, plan.arith_depth)
+    out = packed.forward(ar, Val(worker.from_bytes(blob), 0))
+    return worker.to_bytes(out.data), ar
+
+
+class OpenFheServer:
+    """The server side from an artifact's server/ folder (no secret key in it, none read)."""
+
+    def __init__(self, directory) -> None:
+        directory = Path(directory)
+        verify(directory, "server")
+        self.meta = json.loads((directory / "meta.json").read_text())
+        self.plan = OpenFhePlan.from_dict(self.meta["openfhe_plan"])
+        self.program: PolyProgram = load_program(directory)
+        self.packed = PackedProgram(self.program, self.plan.slots)
+        self.worker = WorkerProcess()
+        info, _ = self.worker.call("open_server", folder=str(directory))
+        if info["has_secret_key"]:
+            raise RuntimeError(f"{directory}: the OpenFHE server holds a secret key")
+        self.context = None  # no client-assisted refresh to offer
+
+    def run(self, cts: list[bytes], refresh_fn=None) -> list[bytes]:
+        return [run_on(self.worker, self.packed, self.plan, blob)[0] for blob in cts]
+
+
+class OpenFheClient:
+    """The data owner from an artifact's client/ folder: the secret key and the packed layouts."""
+
+    def __init__(self, directory) -> None:
+        directory = Path(directory)
+        verify(directory, "client")
+        self.meta = json.loads((directory / "meta.json").read_text())
+        self.plan = OpenFhePlan.from_dict(self.meta["openfhe_plan"])
+        self.packed = PackedProgram(load_program(directory), self.plan.slots)
+        self.worker = WorkerProcess()
+        self.worker.call("open_client", folder=str(directory))
+
+    def encrypt(self, x: np.ndarray) -> list[bytes]:
+        x = np.asarray(x, dtype=np.float64)
+        x = x.reshape(-1, *x.shape[-2:])
+        level = self.plan.bootstrap_depth
+        w = self.worker
+        return [w.to_bytes(w.encrypt(self.packed.encode_input(s), level)) for s in x]
+
+    def decrypt(self, cts: list[bytes]) -> np.ndarray:
+        w = self.worker
+        slots = [w.decrypt(w.from_bytes(ct))[: self.plan.slots] for ct in cts]
+        return np.stack([self.packed.decode_output(s) for s in slots])
+
+    def refresh(self, server_ctx):
+        return None  # bootstrapping: the server never asks
+
+    def to_wire(self, cts: list[bytes]) -> list[bytes]:
+        return list(cts)
+
+    def from_wire(self, items: list[bytes]) -> list[bytes]:
+        return list(items)
+
+
+__all__ = ["OpenFheBackend", "OpenFheClient", "OpenFhePlan", "OpenFheServer", "plan_openfhe"]

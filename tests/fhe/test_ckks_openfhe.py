@@ -1,0 +1,170 @@
+"""The OpenFHE engine (issue 28): bootstrapping placed by the program's own level bookkeeping, run
+in a Python 3.10 worker, against the clear polynomial program.
+
+The encrypted runs use an INSECURE 4096 ring (``insecure_ring_dim``, labelled so in the report) so
+that a real bootstrap runs in seconds; the chain, the levels left after a bootstrap and hence the
+bootstrap placement are those of the 128-bit N = 2^16 parameters (``levels_after_bootstrap``).
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from ckks_models import tiny
+
+from fhe.ckks import ApproxConfig, ClearArith
+from fhe.ckks.openfhe.backend import OpenFheClient, OpenFheServer, levels_after_bootstrap
+from fhe.ckks.openfhe.engine import EngineError, WorkerProcess
+from fhe.ckks.packing import Rotations, rotate_and_sum
+from fhe.deploy.runtime import artifact_info
+from fhe.errors import FheError
+from fhe.harness import compile_model, save_artifacts
+from fhe.schemes import CkksParams
+
+LOOSE = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
+PARAMS = CkksParams(layout="packed", engine="openfhe", insecure_ring_dim=4096, approx=LOOSE)
+
+
+# ------------------------------------------------------------------ placement, in the clear
+def chain_of_squares(ar, x: np.ndarray, n: int):
+    v = ar.encode(x)
+    for _ in range(n):
+        v = ar.square(v)
+    return v
+
+
+def test_a_chain_of_products_gets_one_bootstrap_per_max_depth_levels():
+    ar = ClearArith(max_depth=3, bootstrap=True)
+    v = chain_of_squares(ar, np.array([0.9, -0.5]), 10)
+    np.testing.assert_allclose(v.data, np.array([0.9, -0.5]) ** 1024)
+    assert ar.summary()["op_counts"]["bootstrap"] == 3  # levels 3, 6, 9 exhausted: 10 = 3+3+3+1
+    assert ar.summary()["op_counts"]["client_refresh"] == 0
+    assert ar.bootstraps == ["input"] * 3
+    assert v.level == 1
+
+
+def test_an_exhausted_value_is_bootstrapped_once_before_it_fans_out():
+    ar = ClearArith(max_depth=2, bootstrap=True)
+    x = np.arange(8.0) / 8
+    v = chain_of_squares(ar, x, 2)  # exhausted: level 2
+    rotations = Rotations(ar)
+    products = [ar.square(rotations.of(v, s)) for s in (1, 2, 3)]  # baby steps
+    assert ar.summary()["op_counts"]["bootstrap"] == 1  # not one per rotated copy
+    np.testing.assert_allclose(products[1].data, np.roll(x**4, -2) ** 2)
+
+
+def test_a_rotation_that_only_meets_additions_bootstraps_nothing():
+    ar = ClearArith(max_depth=2, bootstrap=True)
+    v = chain_of_squares(ar, np.arange(8.0) / 8, 2)
+    total = rotate_and_sum(ar, v, 1, 8)  # giant steps, rotate-and-sum: no product follows
+    assert ar.summary()["op_counts"]["bootstrap"] == 0
+    ar.square(total)  # the sum, when it meets one, is bootstrapped once
+    assert ar.summary()["op_counts"]["bootstrap"] == 1
+
+
+def test_refresh_and_bootstrap_are_exclusive():
+    with pytest.raises(ValueError, match="client .* or the server"):
+        ClearArith(max_depth=2, refresh=True, bootstrap=True)
+
+
+def test_the_openfhe_engine_takes_the_packed_layout_only():
+    with pytest.raises(ValueError, match="packed layout only"):
+        CkksParams(engine="openfhe")
+    with pytest.raises(ValueError, match="tests only"):
+        CkksParams(layout="packed", insecure_ring_dim=4096)  # TenSEAL has no insecure ring
+
+
+# ------------------------------------------------------------------ the worker
+def test_the_worker_reports_errors_and_survives_them():
+    worker = WorkerProcess()
+    try:
+        with pytest.raises(EngineError, match="no_such_op|AttributeError"):
+            worker.call("no_such_op")
+        with pytest.raises(EngineError):
+            worker.from_bytes(b"\x00not a ciphertext")
+        depth = worker.call("bootstrap_depth", level_budget=[3, 2])[0]["depth"]
+        assert depth > 10  # still answering
+    finally:
+        worker.close()
+
+
+# ------------------------------------------------------------------ encrypted runs
+@pytest.fixture(scope="module")
+def compiled():
+    torch.manual_seed(0)
+    model = tiny()
+    x = torch.randn(64, 4, 3, dtype=torch.float64)
+    compiled = compile_model(model, x, PARAMS)
+    compiled.backend.keygen()
+    yield compiled, x
+    compiled.backend.close()
+
+
+def test_the_plan_bootstraps_where_the_128_bit_chain_runs_out(compiled):
+    backend = compiled[0].backend
+    plan, rep = backend.plan, backend.report()
+    assert plan.levels_after == levels_after_bootstrap()
+    assert plan.program_depth > plan.levels_after  # the program does not fit one chain
+    assert rep["bootstraps"] == len(plan.bootstrap_tags) > 0
+    assert sum(rep["bootstraps_per_stage"].values()) == rep["bootstraps"]
+    assert rep["insecure_test_parameters"] is True and rep["security_bits"] == 0
+    assert rep["op_counts"]["client_refresh"] == 0
+
+
+def test_encrypted_equals_the_clear_polynomial_program(compiled):
+    compiled, x = compiled
+    backend = compiled.backend
+    got = backend.encrypt_run_decrypt(x[1].numpy())  # the artifacts test runs sample 0
+    want = backend.simulate(x[1:2].numpy())
+    np.testing.assert_allclose(got, want, atol=2e-3)
+    assert np.array_equal(got.argmax(1), want.argmax(1))
+    assert backend.last_run["op_counts"]["bootstrap"] == backend.report()["bootstraps"]
+
+
+def test_artifacts_run_through_fhe_run_and_hold_no_secret_key(compiled, tmp_path):
+    compiled, x = compiled
+    written = save_artifacts(compiled.backend, tmp_path / "art", include_secret_key=True)
+    server_dir, client_dir = written["server"], written["client"]
+    secret = (client_dir / "openfhe.secret").read_bytes()
+    windows = [secret[i : i + 64] for i in range(len(secret) // 2, len(secret) - 64, 4096)][:24]
+    assert windows
+    for f in server_dir.iterdir():
+        blob = f.read_bytes()
+        assert not any(w in blob for w in windows), f"{f.name} holds secret-key bytes"
+    assert not (server_dir / "openfhe.secret").exists()
+    assert json.loads((server_dir / "meta.json").read_text())["engine"] == "openfhe"
+
+    client, server = OpenFheClient(client_dir), OpenFheServer(server_dir)
+    got = client.decrypt(server.run(client.encrypt(x[:1].numpy())))
+    np.testing.assert_allclose(got, compiled.backend.simulate(x[:1].numpy()), atol=2e-3)
+    with pytest.raises(EngineError, match="no secret key"):
+        server.worker.decrypt(server.worker.from_bytes(client.encrypt(x[:1].numpy())[0]))
+
+    with pytest.raises(FheError, match="not built yet"):
+        artifact_info(server_dir)  # fhe serve refuses it, saying why
+
+
+# ------------------------------------------------------------------ the command line
+def test_fhe_compile_plans_the_bootstraps_at_128_bits(tmp_path):
+    from click.testing import CliRunner
+
+    from fhe_cli import main
+
+    model = tmp_path / "ps.pt"
+    train = ["train", "--task", "digits", "--attention", "power-softmax", "--norm", "none"]
+    train += ["--ffn-activation", "gelu", "--power-form", "length-agnostic", "--patch", "4"]
+    train += ["--d-model", "4", "--heads", "1", "--epochs", "1", "--quiet", "-o", str(model)]
+    assert CliRunner().invoke(main, train).exit_code == 0
+    report = tmp_path / "r.json"
+    compile_ = ["compile", str(model), "--scheme", "ckks", "--engine", "openfhe"]
+    res = CliRunner().invoke(main, [*compile_, "--no-run", "--json", str(report)])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(report.read_text())
+    assert rep["engine"] == "openfhe" and rep["layout"] == "packed"
+    assert rep["poly_modulus_degree"] == 65536 and rep["security_bits"] == 128
+    assert rep["bootstraps"] == sum(rep["bootstraps_per_stage"].values())
+    assert rep["chain_depth"] == rep["levels_after_bootstrap"] + rep["bootstrap_depth"]
+    assert "bootstraps (server-side)" in res.output
+    res = CliRunner().invoke(main, [*compile_, "--poly-modulus-degree", "8192", "--no-run"])
+    assert res.exit_code == 2 and "picks its own chain" in res.output
