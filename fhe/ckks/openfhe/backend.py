@@ -320,8 +320,9 @@ class OpenFheBackend:
             "engine": "openfhe",
             "seq_len": self.program.config.seq_len,
             "layout": "packed",
-            "layout_reason": f"{self.meta.get('layout_reason', 'packed')}: the OpenFHE engine "
-            "bootstraps one packed ciphertext per query",
+            "layout_reason": self.meta.get(
+                "layout_reason", "packed: the OpenFHE engine bootstraps one ciphertext per query"
+            ),
             "depth": plan.program_depth,
             "depth_per_tag": planned["level_after_tag"],
             "poly_modulus_degree": plan.ring_dim,
