@@ -286,6 +286,32 @@ def save_artifacts(
     return atomic_save(directory, write, backend.scheme.value)
 
 
+def compile_ckks(model: Transformer, calib_x: torch.Tensor, params: CkksParams, meta: dict):
+    """The CKKS backend of ``params``; ``engine=auto`` takes TenSEAL when the program fits its one
+    chain (no refresh asked for) and the OpenFHE engine, packed, when TenSEAL's planner stops at the
+    depth (the report's ``engine_reason`` says which and why)."""
+    from fhe.ckks.planner import DepthError
+    from fhe.schemes import CkksEngine, CkksLayout
+
+    if params.engine is not CkksEngine.AUTO:
+        return backend_for(params).compile(model, calib_x, params, meta=meta)
+    tenseal = params.replace(engine=CkksEngine.TENSEAL)
+    try:
+        backend = backend_for(tenseal).compile(model, calib_x, tenseal, meta=meta)
+        if not backend.plan.refresh:
+            backend.meta["engine_reason"] = "auto: the program fits one TenSEAL chain"
+            return backend
+        depth = backend.planned.get("program_depth_without_refresh")
+    except DepthError as exc:
+        depth = exc.summary or str(exc)
+    openfhe = params.replace(engine=CkksEngine.OPENFHE, layout=CkksLayout.PACKED, refresh=False)
+    backend = backend_for(openfhe).compile(model, calib_x, openfhe, meta=meta)
+    backend.meta["engine_reason"] = (
+        f"auto: deeper than one TenSEAL chain ({depth}), so OpenFHE with server-side bootstraps"
+    )
+    return backend
+
+
 def compile_model(
     model: Transformer,
     calib_x: torch.Tensor,
@@ -297,8 +323,8 @@ def compile_model(
     """Quantize ``model`` on ``calib_x`` and compile it for the scheme of ``params`` (TFHE), or
     build and calibrate its polynomial program (CKKS)."""
     if isinstance(params, CkksParams):
-        backend = backend_for(params).compile(
-            model, calib_x, params, meta={"seq_len": model.config.seq_len, **(meta or {})}
+        backend = compile_ckks(
+            model, calib_x, params, {"seq_len": model.config.seq_len, **(meta or {})}
         )
         return CompiledModel(backend, IdentityCodec(model, backend.simulate))
     if quant_config is not None:  # an explicit configuration replaces the parameters' own

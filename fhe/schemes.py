@@ -81,6 +81,7 @@ class CkksEngine(str, Enum):
 
     TENSEAL = "tenseal"  # SEAL through TenSEAL: one modulus chain, no bootstrapping
     OPENFHE = "openfhe"  # OpenFHE in a Python 3.10 worker: server-side bootstrapping, packed layout
+    AUTO = "auto"  # TenSEAL when the program fits its one chain, else OpenFHE (fhe.harness)
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,7 @@ def format_ckks_report(rep: dict) -> str:
         ("layout, why", rep["layout_reason"]),
         ("seq_len", rep["seq_len"]),
         ("depth", rep["depth"]),
+        *([("engine, why", rep["engine_reason"])] if "engine_reason" in rep else []),
         *_chain_rows(rep),
     ]
     if rep["layout"] == "packed":

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 SCHEMES = tuple(s.value for s in Scheme)
 LAYOUTS = ("auto", "batch", "packed")  # auto: fhe/api/schemes/ckks.py's choose_layout
-ENGINES = ("tenseal", "openfhe")
+ENGINES = ("tenseal", "openfhe", "auto")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,8 @@ class CompileOptions:
         "tenseal",
         "CKKS library: tenseal (SEAL; one modulus chain, no bootstrapping) or openfhe (bootstraps "
         "on the server where the chain runs out, so a deep model needs no refresh; packed layout; "
-        "runs in a Python 3.10 worker, `make install` builds it).",
+        "runs in a Python 3.10 worker, `make install` builds it). auto: tenseal when the program "
+        "fits its one chain, else openfhe.",
         choices=ENGINES,
     )
 

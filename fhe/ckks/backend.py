@@ -301,7 +301,7 @@ class CkksBackend:
                 **self.timings_s,
                 **{f"stage.{k}": v for k, v in self.last_run.get("stages_s", {}).items()},
             },
-            **{k: v for k, v in self.meta.items() if k in ("task", "model_path")},
+            **{k: v for k, v in self.meta.items() if k in ("task", "model_path", "engine_reason")},
         }
         if self.last_run:
             rep["batch"] = getattr(self, "_batch", None)

@@ -168,3 +168,16 @@ def test_fhe_compile_plans_the_bootstraps_at_128_bits(tmp_path):
     assert "bootstraps (server-side)" in res.output
     res = CliRunner().invoke(main, [*compile_, "--poly-modulus-degree", "8192", "--no-run"])
     assert res.exit_code == 2 and "picks its own chain" in res.output
+
+
+def test_engine_auto_takes_tenseal_when_one_chain_holds_the_program_else_openfhe():
+    torch.manual_seed(0)
+    x = torch.randn(32, 4, 3, dtype=torch.float64)
+    auto = CkksParams(layout="packed", engine="auto", approx=LOOSE)
+    shallow = compile_model(tiny(ffn_activation="quad", power_p=2, power_eps=1.0), x, auto).backend
+    assert shallow.report().get("engine", "tenseal") == "tenseal"
+    assert "fits one TenSEAL chain" in shallow.report()["engine_reason"]
+    deep = compile_model(tiny(), x, auto).backend  # depth 21: TenSEAL's chains hold 19 at most
+    rep = deep.report()
+    assert rep["engine"] == "openfhe" and "deeper than one TenSEAL chain" in rep["engine_reason"]
+    assert rep["client_assisted_refresh"] is False and rep["bootstraps"] > 0

@@ -353,7 +353,7 @@ class OpenFheBackend:
                 **self.timings_s,
                 **{f"stage.{k}": v for k, v in self.last_run.get("stages_s", {}).items()},
             },
-            **{k: v for k, v in self.meta.items() if k in ("task", "model_path")},
+            **{k: v for k, v in self.meta.items() if k in ("task", "model_path", "engine_reason")},
         }
 
     def _artifact_meta(self) -> dict:
