@@ -31,15 +31,13 @@ from fhe.ckks.openfhe.engine import (  # noqa: E402
     Ciphertext,
     EngineError,
     WorkerProcess,
-    bootstrap_depth,
 )
 
 REFERENCE_S = 28.6  # OpenFHE, N = 2^16, 128-bit, one thread (measured on this machine, issue 28)
 
 
 def measure(slots: int, threads: int, repeats: int) -> dict:
-    after = ob.levels_after_bootstrap()
-    depth = bootstrap_depth(ob.LEVEL_BUDGET)
+    after, depth = ob.chain_at_128_bits()
     params = {
         "secure": True,
         "ring_dim": ob.SECURE_RING,

@@ -6,15 +6,17 @@ Planning (before any key exists), from clear packed runs of the program:
 1. OpenFHE's chain at N = 2^16: scale 2^52 and a 60-bit first prime (OpenFHE bootstraps only with
    first − scale ≤ 8 bits there; a smaller scale loses the precision a bootstrap keeps), level
    budget (3, 2) and 5 key-switching digits (what fits this machine's memory), and the most levels
-   left after a bootstrap that 128-bit security allows (asked of OpenFHE itself). The figures behind
-   these choices are in ``benchmarks/results/ckks_bootstrap.md``;
+   left after a bootstrap that 128-bit security allows (asked of OpenFHE itself). The chosen
+   setting is measured in ``benchmarks/results/ckks_bootstrap.md``; the settings set aside were
+   tried in one-off runs, not in a results file (docs/ckks.md says which);
 2. bootstraps placed just in time by :class:`fhe.ckks.arith.Arith`: an operand whose next product
    would not fit is bootstrapped, once (in place), and an exhausted value is bootstrapped before it
    is rotated, not each rotated copy after. One level is kept below each bootstrap: OpenFHE
    bootstraps only a ciphertext with a level left. The count and the stage of each bootstrap are in
    the report;
-3. the largest |value| the calibration samples bring to each bootstrap: OpenFHE's error is flat
-   (~4e-4) up to |x| = 16 and grows beyond (5e-3 at 64, measured); the report lists them and warns
+3. the largest |value| the calibration samples bring to each bootstrap: OpenFHE's error is the
+   same for values in [−16, 16] as in [−1, 1] (``ckks_bootstrap.md``) and grew beyond in a one-off
+   run (~10x at 64); the report lists them and warns
    above 16;
 4. the rotation steps (one key each), as the TenSEAL packed layout.
 
@@ -40,7 +42,7 @@ import torch
 from fhe.artifacts import verify
 from fhe.backends import register_backend
 from fhe.ckks.arith import ClearArith, Val
-from fhe.ckks.openfhe.engine import OpenFheArith, WorkerProcess, bootstrap_depth
+from fhe.ckks.openfhe.engine import OpenFheArith, WorkerProcess
 from fhe.ckks.packed import PackedProgram, check_packed, min_slots
 from fhe.ckks.planner import DepthError
 from fhe.ckks.program import PolyProgram, build_program
@@ -53,7 +55,7 @@ SCALE_BITS = 52
 FIRST_MOD_BITS = 60  # OpenFHE bootstraps only with first − scale ≤ 8 bits at N = 2^16
 LEVEL_BUDGET = (3, 2)  # levels of the bootstrap's two linear transforms (fewer: more keys, memory)
 LARGE_DIGITS = 5  # hybrid key switching digits: more fit more levels in 128 bits, bigger keys
-FLAT_ERROR_BOUND = 16.0  # OpenFHE's bootstrap error is flat for |x| up to this (measured)
+FLAT_ERROR_BOUND = 16.0  # OpenFHE's bootstrap error is flat for |x| up to this (ckks_bootstrap.md)
 PLAN_SAMPLES = 16  # calibration samples the bootstrap inputs' peaks are taken over
 SERVER_FILES = (
     "openfhe.context",
@@ -66,10 +68,11 @@ CLIENT_FILES = ("openfhe.context", "openfhe.public", "openfhe.secret", "openfhe.
 
 
 @cache
-def levels_after_bootstrap() -> int:
-    """The most levels a bootstrapped ciphertext keeps under 128-bit security at N = 2^16 with this
-    module's scale, budget and digits (OpenFHE refuses a larger chain). An insecure test ring takes
-    the same number, so that a test places its bootstraps where the real parameters would."""
+def chain_at_128_bits() -> tuple[int, int]:
+    """(levels left after a bootstrap, levels one bootstrap uses) at N = 2^16 with this module's
+    scale, budget and digits: the most OpenFHE builds a 128-bit context for, asked of it once per
+    process. An insecure test ring takes the same numbers, so that a test places its bootstraps
+    where the real parameters would."""
     worker = WorkerProcess()
     try:
         reply, _ = worker.call(
@@ -82,7 +85,11 @@ def levels_after_bootstrap() -> int:
         )
     finally:
         worker.close()
-    return int(reply["levels"])
+    return int(reply["levels"]), int(reply["bootstrap_depth"])
+
+
+def levels_after_bootstrap() -> int:
+    return chain_at_128_bits()[0]
 
 
 @dataclass(frozen=True)
@@ -168,7 +175,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         packed = PackedProgram(program, slots)
     unbounded = ClearArith()
     packed.clear(calib_x[:1], unbounded)
-    after = levels_after_bootstrap()
+    after, depth = chain_at_128_bits()
     peaks: list[float] = []
     summary: dict = {}
     for sample in calib_x[:PLAN_SAMPLES]:
@@ -185,7 +192,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         first_mod_bits=FIRST_MOD_BITS,
         large_digits=LARGE_DIGITS,
         level_budget=LEVEL_BUDGET,
-        bootstrap_depth=bootstrap_depth(LEVEL_BUDGET),
+        bootstrap_depth=depth,
         levels_after=after,
         program_depth=unbounded.summary()["depth"],
         bootstrap_tags=tuple(summary["bootstraps"]),
@@ -255,10 +262,7 @@ class OpenFheBackend:
             maker.close()
         self.client = WorkerProcess()
         self.client.call("open_client", folder=str(self.keys_dir / "client"))
-        self.server = WorkerProcess()
-        info, _ = self.server.call("open_server", folder=str(self.keys_dir / "server"))
-        if info["has_secret_key"]:  # the worker reads no secret file; a real check regardless
-            raise RuntimeError("the OpenFHE server worker holds a secret key")
+        self.server = open_server_worker(self.keys_dir / "server")
         sizes = reply["sizes"]
         self.key_sizes_bytes = {
             "public_context": sizes["context"] + sizes["public"],
@@ -276,19 +280,15 @@ class OpenFheBackend:
     def encrypt(self, x: np.ndarray | torch.Tensor) -> list[bytes]:
         """(B, T, F) or (T, F) floats → one serialised ciphertext per sample (what is sent)."""
         client, _ = self._require_keys()
-        x = np.asarray(x, dtype=np.float64)
-        x = x[None] if x.ndim == 2 else x
         start = time.perf_counter()
-        level = self.plan.bootstrap_depth  # a fresh ciphertext has exactly `levels_after` left
-        out = [client.to_bytes(client.encrypt(self.packed.encode_input(s), level)) for s in x]
+        out = encrypt_samples(client, self.packed, self.plan, x)
         self.timings_s["encrypt"] = time.perf_counter() - start
         return out
 
     def decrypt(self, cts: list[bytes]) -> np.ndarray:
         client, _ = self._require_keys()
         start = time.perf_counter()
-        slots = [client.decrypt(client.from_bytes(ct))[: self.plan.slots] for ct in cts]
-        out = np.stack([self.packed.decode_output(s) for s in slots])
+        out = decrypt_samples(client, self.packed, self.plan, cts)
         self.timings_s["decrypt"] = time.perf_counter() - start
         return out
 
@@ -402,6 +402,43 @@ class OpenFheBackend:
             shutil.rmtree(self.keys_dir, ignore_errors=True)
 
 
+def open_server_worker(folder: Path) -> WorkerProcess:
+    """A server worker on ``folder``'s context and evaluation keys; it reads no secret key, and
+    says so (checked all the same)."""
+    worker = WorkerProcess()
+    info, _ = worker.call("open_server", folder=str(folder))
+    if info["has_secret_key"]:
+        worker.close()
+        raise RuntimeError(f"{folder}: the OpenFHE server worker holds a secret key")
+    return worker
+
+
+def encrypt_samples(worker: WorkerProcess, packed: PackedProgram, plan: OpenFhePlan, x):
+    """(B, T, F) or (T, F) floats → one serialised ciphertext per sample, encoded at the bootstrap's
+    depth, so that a fresh ciphertext has exactly ``levels_after`` levels left."""
+    x = np.asarray(x, dtype=np.float64)
+    return [
+        worker.to_bytes(worker.encrypt(packed.encode_input(s), plan.bootstrap_depth))
+        for s in x.reshape(-1, *x.shape[-2:])
+    ]
+
+
+def decrypt_samples(
+    worker: WorkerProcess, packed: PackedProgram, plan: OpenFhePlan, cts: list[bytes]
+) -> np.ndarray:
+    """The logits of each serialised result (a worker with the secret key)."""
+    slots = [worker.decrypt(worker.from_bytes(ct))[: plan.slots] for ct in cts]
+    return np.stack([packed.decode_output(v) for v in slots])
+
+
+def open_artifact(directory: Path, role: str) -> tuple[dict, OpenFhePlan, PackedProgram]:
+    """An artifact folder's meta, plan and packed program, after its manifest is verified."""
+    verify(directory, role)
+    meta = json.loads((directory / "meta.json").read_text())
+    plan = OpenFhePlan.from_dict(meta["openfhe_plan"])
+    return meta, plan, PackedProgram(load_program(directory), plan.slots)
+
+
 def run_on(worker: WorkerProcess, packed: PackedProgram, plan: OpenFhePlan, blob: bytes):
     """One query on a server worker: the serialised ciphertext in, the serialised result out."""
     ar = OpenFheArith(worker, plan.arith_depth)
@@ -414,15 +451,9 @@ class OpenFheServer:
 
     def __init__(self, directory) -> None:
         directory = Path(directory)
-        verify(directory, "server")
-        self.meta = json.loads((directory / "meta.json").read_text())
-        self.plan = OpenFhePlan.from_dict(self.meta["openfhe_plan"])
-        self.program: PolyProgram = load_program(directory)
-        self.packed = PackedProgram(self.program, self.plan.slots)
-        self.worker = WorkerProcess()
-        info, _ = self.worker.call("open_server", folder=str(directory))
-        if info["has_secret_key"]:
-            raise RuntimeError(f"{directory}: the OpenFHE server holds a secret key")
+        self.meta, self.plan, self.packed = open_artifact(directory, "server")
+        self.program: PolyProgram = self.packed.program
+        self.worker = open_server_worker(directory)
         self.context = None  # no client-assisted refresh to offer
 
     def run(self, cts: list[bytes], refresh_fn=None) -> list[bytes]:
@@ -434,24 +465,15 @@ class OpenFheClient:
 
     def __init__(self, directory) -> None:
         directory = Path(directory)
-        verify(directory, "client")
-        self.meta = json.loads((directory / "meta.json").read_text())
-        self.plan = OpenFhePlan.from_dict(self.meta["openfhe_plan"])
-        self.packed = PackedProgram(load_program(directory), self.plan.slots)
+        self.meta, self.plan, self.packed = open_artifact(directory, "client")
         self.worker = WorkerProcess()
         self.worker.call("open_client", folder=str(directory))
 
     def encrypt(self, x: np.ndarray) -> list[bytes]:
-        x = np.asarray(x, dtype=np.float64)
-        x = x.reshape(-1, *x.shape[-2:])
-        level = self.plan.bootstrap_depth
-        w = self.worker
-        return [w.to_bytes(w.encrypt(self.packed.encode_input(s), level)) for s in x]
+        return encrypt_samples(self.worker, self.packed, self.plan, x)
 
     def decrypt(self, cts: list[bytes]) -> np.ndarray:
-        w = self.worker
-        slots = [w.decrypt(w.from_bytes(ct))[: self.plan.slots] for ct in cts]
-        return np.stack([self.packed.decode_output(s) for s in slots])
+        return decrypt_samples(self.worker, self.packed, self.plan, cts)
 
     def refresh(self, server_ctx):
         return None  # bootstrapping: the server never asks

@@ -116,12 +116,13 @@ class WorkerProcess:
             self.close()
 
     # ------------------------------------------------------------------ ciphertexts
-    def _ct(self, reply: dict) -> Ciphertext:
+    def ciphertext(self, reply: dict) -> Ciphertext:
+        """The ciphertext a reply names (freed in this worker when collected)."""
         return Ciphertext(self, int(reply["handle"]))
 
     def encrypt(self, slots: np.ndarray, level: int) -> Ciphertext:
         blob = np.asarray(slots, dtype="<f8").tobytes()
-        return self._ct(self.call("encrypt", (blob,), level=int(level))[0])
+        return self.ciphertext(self.call("encrypt", (blob,), level=int(level))[0])
 
     def decrypt(self, ct: Ciphertext) -> np.ndarray:
         _, blobs = self.call("decrypt", handle=ct.handle)
@@ -131,19 +132,10 @@ class WorkerProcess:
         return self.call("to_bytes", handle=ct.handle)[1][0]
 
     def from_bytes(self, blob: bytes) -> Ciphertext:
-        return self._ct(self.call("from_bytes", (blob,))[0])
+        return self.ciphertext(self.call("from_bytes", (blob,))[0])
 
     def level(self, ct: Ciphertext) -> int:
         return int(self.call("level", handle=ct.handle)[0]["level"])
-
-
-def bootstrap_depth(level_budget: tuple[int, int]) -> int:
-    """OpenFHE's own count of the levels one bootstrap consumes (asked of a throwaway worker)."""
-    worker = WorkerProcess()
-    try:
-        return int(worker.call("bootstrap_depth", level_budget=list(level_budget))[0]["depth"])
-    finally:
-        worker.close()
 
 
 class OpenFheArith(Arith):
@@ -154,11 +146,8 @@ class OpenFheArith(Arith):
         super().__init__(max_depth, bootstrap=True)
         self.worker = worker
 
-    def _h(self, reply: dict) -> Ciphertext:
-        return Ciphertext(self.worker, int(reply["handle"]))
-
     def _op(self, op: str, blobs: tuple[bytes, ...] = (), **fields) -> Ciphertext:
-        return self._h(self.worker.call(op, blobs, **fields)[0])
+        return self.worker.ciphertext(self.worker.call(op, blobs, **fields)[0])
 
     @staticmethod
     def _blob(values) -> bytes:

@@ -89,7 +89,8 @@ class Worker:
         return {"depth": of.CryptoContext.GetBootstrapDepth(h["level_budget"], dist)}, []
 
     def op_max_levels_after(self, h, blobs):
-        """The most levels left after a bootstrap for which OpenFHE builds a 128-bit context."""
+        """The most levels left after a bootstrap for which OpenFHE builds a 128-bit context, and
+        the levels one bootstrap uses."""
         budget_depth = self.op_bootstrap_depth(h, blobs)[0]["depth"]
         for after in range(40, 0, -1):
             p = {
@@ -105,7 +106,7 @@ class Worker:
                 self._context(p)
             except RuntimeError:
                 continue
-            return {"levels": after}, []
+            return {"levels": after, "bootstrap_depth": budget_depth}, []
         raise ValueError("no 128-bit chain holds one bootstrap at these settings")
 
     def op_keygen(self, h, blobs):
@@ -267,7 +268,7 @@ class Worker:
         return {"handle": self._put(acc)}, []
 
     def op_bootstrap(self, h, blobs):
-        """A fresh ciphertext of the same slots (OpenFHE's error is flat for |x| ≤ 16, measured)."""
+        """A fresh ciphertext of the same slots (error flat for |x| ≤ 16: ckks_bootstrap.md)."""
         if not self.bootstrap_ready:
             raise RuntimeError("this context was made without bootstrapping")
         start = time.perf_counter()
