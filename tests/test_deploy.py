@@ -4,6 +4,7 @@ clients, and keys that survive a restart."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -119,6 +120,30 @@ def packed_art(tmp_path_factory):
     return root, cm
 
 
+@pytest.fixture(scope="module")
+def openfhe_art(tmp_path_factory):
+    """The OpenFHE engine's packed program, bootstrapped on the server, at an INSECURE 4096 ring
+    (the 128-bit chain's levels, so bootstraps run where they would; keys of megabytes, not GBs):
+    client "a", and "b" with other keys for the same program."""
+    sys.path.insert(0, str(Path(__file__).parent / "fhe"))
+    from ckks_models import tiny
+
+    from fhe.ckks import ApproxConfig
+    from fhe.harness import compile_model
+    from fhe.schemes import CkksParams
+
+    root = tmp_path_factory.mktemp("openfhe")
+    torch.manual_seed(0)
+    loose = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
+    params = CkksParams(layout="packed", engine="openfhe", insecure_ring_dim=4096, approx=loose)
+    cm = compile_model(tiny(), torch.randn(64, 4, 3, dtype=torch.float64), params)
+    for name in ("a", "b"):
+        cm.backend.keygen(force=True)
+        cm.save(root / name, include_secret_key=True)
+    yield root, cm
+    cm.backend.close()
+
+
 # --------------------------------------------------------------------------------- server
 def _free_port() -> int:
     with socket.socket() as s:
@@ -231,6 +256,63 @@ def test_packed_ckks_round_trip_matches_the_clear_program(packed_art):
             timeout=120,
         )
         assert resp.status_code == 400 and "SEAL ciphertexts" in resp.json()["detail"]
+    finally:
+        served.stop()
+
+
+@pytest.mark.attack(
+    what=(
+        "an OpenFHE key set without its rotation keys; a ciphertext under another client's keys; "
+        "bytes that are not a ciphertext"
+    ),
+    answer="400 each, with a `detail`",
+    kept="both clients' answers equal the clear polynomial program",
+)
+def test_openfhe_round_trip_bootstraps_on_the_server(openfhe_art):
+    """`fhe serve` on an OpenFHE-engine artifact: the key set (public, relinearisation, rotation and
+    bootstrapping keys) uploaded once from its file, queries answered with server-side bootstraps
+    and no client refresh, equal to the clear polynomial program; two clients' keys in turn."""
+    root, cm = openfhe_art
+    served = Served(root / "a")
+    try:
+        a = Client(root / "a" / "client", served.url)
+        model = a.describe()
+        assert model["engine"] == "openfhe" and model["bootstraps"] > 0
+        x = torch.randn(2, 4, 3, dtype=torch.float64).numpy()
+        clear = cm.backend.simulate(x)
+        got = a.predict(x[:1])
+        np.testing.assert_allclose(got.logits, clear[:1], atol=2e-3)
+        assert np.array_equal(got.logits.argmax(1), clear[:1].argmax(1))
+        assert a.key_id == a.local.key_id  # the manifest's hash of the key file is the key id
+
+        b = Client(root / "b" / "client", served.url)  # other keys: loaded in place of a's
+        np.testing.assert_allclose(b.predict(x[1:]).logits, clear[1:], atol=2e-3)
+        resp = httpx.post(  # b's ciphertext under a's key id
+            served.url + f"/infer/{a.key_id}", content=b.encrypt(x[:1]), headers=OCTET, timeout=300
+        )
+        assert resp.status_code == 400 and "other keys" in resp.json()["detail"]
+        resp = httpx.post(
+            served.url + f"/infer/{a.key_id}",
+            content=wire.pack([b"not a ciphertext"]),
+            headers=OCTET,
+            timeout=300,
+        )
+        assert resp.status_code == 400 and "do not fit" in resp.json()["detail"]
+        server = root / "a" / "server"
+        names = ("openfhe.public", "openfhe.mult_keys")  # no rotation or bootstrapping keys
+        short = wire.pack([(server / n).read_bytes() for n in names] + [b""])
+        resp = httpx.put(served.url + "/keys", content=short, headers=OCTET, timeout=300)
+        assert resp.status_code == 400 and "rotation" in resp.json()["detail"]
+        # `fhe client` on a's keys again (reloaded in place of b's): the command line, unchanged
+        np.save(root / "x1.npy", x[1])
+        res = subprocess.run(
+            [FHE, "client", str(root / "a" / "client"), "--url", served.url, "--input",
+             str(root / "x1.npy")],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stdout + res.stderr
+        logits = json.loads(res.stdout.split("logits ")[1])
+        np.testing.assert_allclose(logits, clear[1], atol=2e-3)
     finally:
         served.stop()
 

@@ -106,6 +106,7 @@ class Client:
         self.allow_overflow = allow_overflow
         self.warnings: list[str] = []
         self.last_queue_s = 0.0
+        self.last_keys_s = 0.0  # the last answer's X-Keys-Seconds (keys loaded for it)
 
     # ---------------------------------------------------------------------------------- text
     @functools.cached_property
@@ -136,13 +137,19 @@ class Client:
         yet."""
         if self.key_id:
             return self.key_id
-        blob = self.public_keys()
-        key_id = hashlib.sha256(blob).hexdigest()
+        key_file = getattr(self.local, "key_file", None)  # OpenFHE: gigabytes, sent from disk
+        blob = None if key_file else self.public_keys()
+        key_id = self.local.key_id if key_file else hashlib.sha256(blob).hexdigest()
         held = self.http.get(f"/keys/{key_id}")
         if held.status_code not in (204, 404):
             _raise_for(held)
         if held.status_code == 404:
-            resp = self.http.put("/keys", content=blob, headers={"content-type": wire_type()})
+            headers = {"content-type": wire_type()}
+            if key_file:
+                with open(key_file, "rb") as f:  # streamed, with its Content-Length
+                    resp = self.http.put("/keys", content=f, headers=headers)
+            else:
+                resp = self.http.put("/keys", content=blob, headers=headers)
             _raise_for(resp)
             key_id = resp.json()["key_id"]
         self.key_id = key_id
@@ -201,6 +208,7 @@ class Client:
             resp = self._post(payload)
         _raise_for(resp)
         self.last_queue_s = float(resp.headers.get("x-queue-seconds", "0"))
+        self.last_keys_s = float(resp.headers.get("x-keys-seconds", "0"))
         return resp.content, float(resp.headers.get("x-server-seconds", "nan"))
 
     def _post(self, payload: bytes):

@@ -15,6 +15,7 @@ import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from fhe import wire
 from fhe.artifacts import verify
@@ -103,11 +104,7 @@ def artifact_info(path: str | Path) -> ArtifactInfo:
         description = {"scheme": "tfhe", **kept, "evaluation_keys_bytes": size}
         return ArtifactInfo(folder, Scheme.TFHE, description, size, size)
     if meta.get("engine") == "openfhe":
-        raise FheError(
-            "serving an OpenFHE-engine artifact is not built yet (its evaluation keys are OpenFHE "
-            "files the service cannot take from a client yet); run it with `fhe run`, or compile "
-            "with --engine tenseal to serve"
-        )
+        return _openfhe_info(folder, meta)
     if meta["plan"]["client_assisted_refresh"]:
         raise FheError(
             "this CKKS program needs client-assisted refreshes, which a one-request service "
@@ -129,11 +126,46 @@ def artifact_info(path: str | Path) -> ArtifactInfo:
     return ArtifactInfo(folder, Scheme.CKKS, description, None, bound)
 
 
-def load_runtime(path: str | Path) -> TfheRuntime | CkksRuntime:
+def _openfhe_info(folder: Path, meta: dict) -> ArtifactInfo:
+    """The OpenFHE engine's packed program: keys a bound over the artifact's own key set."""
+    if "key_set_bytes" not in meta:
+        raise FheError(
+            "this OpenFHE artifact was compiled before `fhe serve` took OpenFHE keys: compile it "
+            "again"
+        )
+    plan = meta["openfhe_plan"]
+    bound = ckks_key_bound(meta["key_set_bytes"])
+    description = {
+        "scheme": "ckks",
+        **{k: meta[k] for k in CKKS_DESCRIBED if k in meta},
+        "layout": "packed",
+        "engine": "openfhe",
+        "rotation_steps": plan["rotation_steps"],
+        "bootstraps": len(plan["bootstrap_tags"]),
+        "max_key_bytes": bound,
+    }
+    return ArtifactInfo(folder, Scheme.CKKS, description, None, bound)
+
+
+class Runtime(Protocol):
+    """What a worker process calls (:mod:`fhe.deploy.worker`). Keys are the uploaded bytes, or the
+    stored file's path for a runtime with ``keys_from_file`` (keys of gigabytes); the loaded keys
+    are whatever the library gives back."""
+
+    scheme: str
+
+    def check_keys(self, keys: Any) -> Any: ...
+    def load_keys(self, keys: Any) -> Any: ...
+    def run(self, keys: Any, payload: bytes) -> bytes: ...
+
+
+def load_runtime(path: str | Path) -> Runtime:
     """The runtime that executes requests on the artifact at ``path`` (loads its FHE library)."""
     info = artifact_info(path)
     if info.scheme is Scheme.TFHE:
         return TfheRuntime(info)
+    if info.description.get("engine") == "openfhe":
+        return OpenFheRuntime(info)
     return (PackedCkksRuntime if info.description.get("layout") == "packed" else CkksRuntime)(info)
 
 
@@ -305,3 +337,86 @@ class PackedCkksRuntime(CkksRuntime):
             except (ValueError, RuntimeError) as exc:
                 raise wire.PayloadError(f"ciphertexts do not fit this program: {exc}") from exc
         return wire.pack([to_bytes(ct) for ct in out])
+
+
+@dataclass(frozen=True)
+class OpenFheKeys:
+    key_tag: str  # OpenFHE's name of the client's secret key, which its keys and ciphertexts carry
+
+
+class OpenFheRuntime:
+    """The OpenFHE engine's packed program (fhe/ckks/openfhe/), bootstrapped on the server.
+
+    A key set is one wire payload of (public key, relinearisation keys, rotation and bootstrapping
+    keys): gigabytes at N = 2^16, so the worker reads it from its stored file (``keys_from_file``),
+    never whole into this process, and holds one client's at a time (``max_keys_in_memory``).
+    Checked before it is stored: the three belong to one secret key, hold every automorphism this
+    program's own keys hold, and compute on this context. A query is one fresh ciphertext per
+    sample under the loaded keys."""
+
+    scheme = "ckks"
+    keys_from_file = True
+    max_keys_in_memory = 1
+
+    def __init__(self, info: ArtifactInfo) -> None:
+        from fhe.ckks.openfhe.backend import open_artifact, open_server_worker
+
+        self.info, self.folder = info, info.folder
+        _, self.plan, self.packed = open_artifact(self.folder, "server")
+        self.worker = open_server_worker(self.folder, evaluation_keys=False)
+        self.loaded: OpenFheKeys | None = None
+        self._lock = threading.Lock()
+
+    def check_keys(self, path: Path) -> OpenFheKeys:
+        return self.load_keys(path)
+
+    def holds(self, keys: OpenFheKeys) -> bool:
+        """Whether ``keys`` are the ones the worker has loaded (it holds one set at a time)."""
+        return keys == self.loaded
+
+    def load_keys(self, path: Path) -> OpenFheKeys:
+        from fhe.ckks.openfhe.engine import EngineError
+
+        try:
+            parts = wire.spans(path)
+        except wire.PayloadError as exc:
+            raise KeysError(f"OpenFHE keys are one payload of three items: {exc}") from exc
+        if len(parts) != 3:
+            raise KeysError(
+                "OpenFHE keys are one payload of (public key, relinearisation keys, rotation "
+                f"keys), got {len(parts)} items"
+            )
+        self.loaded = None
+        with self._lock:
+            try:
+                reply, _ = self.worker.call("load_keys", path=str(path), parts=parts)
+            except EngineError as exc:
+                self._raise_if_dead()
+                raise KeysError(str(exc).removeprefix("OpenFHE load_keys: ")) from exc
+        self.loaded = OpenFheKeys(reply["key_tag"])
+        return self.loaded
+
+    def _raise_if_dead(self) -> None:
+        """A dead OpenFHE worker is not the client's fault: the exception ends this worker process,
+        and the service quarantines the key id (fhe.deploy.worker)."""
+        if not self.worker.alive:
+            raise SystemExit("the OpenFHE worker died")
+
+    def run(self, keys: OpenFheKeys, payload: bytes) -> bytes:
+        from fhe.ckks.openfhe.backend import run_on
+        from fhe.ckks.openfhe.engine import EngineError
+
+        items = wire.unpack(payload)
+        if not items:
+            raise wire.PayloadError("the packed program takes one ciphertext per sample, got none")
+        if not self.holds(keys):
+            raise KeysError("these keys are no longer loaded")  # fhe.deploy.worker reloads first
+        out = []
+        with self._lock:
+            for blob in items:
+                try:
+                    out.append(run_on(self.worker, self.packed, self.plan, blob, fresh=True)[0])
+                except EngineError as exc:
+                    self._raise_if_dead()
+                    raise wire.PayloadError(f"ciphertexts do not fit this program: {exc}") from exc
+        return wire.pack(out)

@@ -55,6 +55,7 @@ from fhe.deploy.access import Access, RateLimited, Tenant, Unauthorized, read_to
 from fhe.deploy.keystore import KeyStore, OverQuota
 from fhe.deploy.runtime import artifact_info
 from fhe.deploy.worker import Crashed, Damaged, Refused, WorkerPool, file_sha256
+from fhe.errors import FheError
 
 OCTET = "application/octet-stream"
 LOG = logging.getLogger("fhe.serve")
@@ -106,7 +107,13 @@ class ServeConfig:
         default=1024,
         metadata={"min": 1, "help": "Largest /infer body (a CKKS batch query is ~340 MB)."},
     )
-    max_keys_mb: int = field(default=8192, metadata={"min": 1, "help": "Largest uploaded key set."})
+    max_keys_mb: int | None = field(
+        default=None,
+        metadata={
+            "min": 1,
+            "help": "Largest uploaded key set (default: what this artifact's own keys need).",
+        },
+    )
     max_store_mb: int | None = field(
         default=None,
         metadata={
@@ -183,11 +190,20 @@ def create_app(
     access = Access(
         read_tokens(config.tokens) if config.tokens else None, config.anonymous_quota_mb
     )
+    # TFHE keys have one exact size; CKKS ones a bound from the artifact's own keys
+    expected_keys, key_bound = runtime.expected_key_bytes, runtime.max_key_bytes
+    max_payload = config.max_payload_mb << 20
+    max_keys = key_bound if config.max_keys_mb is None else config.max_keys_mb << 20
+    if max_keys is None:
+        raise FheError("this artifact does not say how large its keys are: give --max-keys-mb")
+    if expected_keys is not None and expected_keys > max_keys:
+        raise FheError(
+            f"this artifact's keys are {expected_keys >> 20} MB, over --max-keys-mb "
+            f"{config.max_keys_mb}: no client could upload them"
+        )
+    key_bound = key_bound or max_keys
     pool = WorkerPool(runtime.folder, config.workers, config.keys_in_memory)
     gate = _Gate(config.workers, config.queue)
-    max_payload, max_keys = config.max_payload_mb << 20, config.max_keys_mb << 20
-    # TFHE keys have one exact size; CKKS ones a bound from the artifact's own keys
-    expected_keys, key_bound = runtime.expected_key_bytes, runtime.max_key_bytes or max_keys
     app = FastAPI(
         title="fhe-attention",
         description="Encrypted inference: the server never sees the data.",

@@ -72,6 +72,10 @@ def _child(conn, artifact: str, keys_in_memory: int, threads: int | None) -> Non
     from fhe.deploy.runtime import KeysError, load_runtime
 
     runtime = load_runtime(artifact)
+    # a runtime whose keys are gigabytes (OpenFHE) reads them from their file and holds fewer
+    from_file = getattr(runtime, "keys_from_file", False)
+    keys_in_memory = min(keys_in_memory, getattr(runtime, "max_keys_in_memory", keys_in_memory))
+    holds = getattr(runtime, "holds", lambda keys: True)
     loaded: OrderedDict[str, object] = OrderedDict()
     conn.send({"ready": True})
 
@@ -81,10 +85,15 @@ def _child(conn, artifact: str, keys_in_memory: int, threads: int | None) -> Non
             loaded.popitem(last=False)
 
     def keys_at(key_id: str, path: str) -> tuple[object, float]:
-        if key_id in loaded:
+        if key_id in loaded and holds(loaded[key_id]):
             loaded.move_to_end(key_id)
             return loaded[key_id], 0.0
         start = time.perf_counter()
+        if from_file:
+            if file_sha256(Path(path)) != key_id:
+                raise Damaged(f"stored keys {key_id} no longer hash to their id")
+            remember(key_id, runtime.load_keys(Path(path)))
+            return loaded[key_id], time.perf_counter() - start
         blob = Path(path).read_bytes()
         if hashlib.sha256(blob).hexdigest() != key_id:
             raise Damaged(f"stored keys {key_id} no longer hash to their id")
@@ -98,7 +107,9 @@ def _child(conn, artifact: str, keys_in_memory: int, threads: int | None) -> Non
             return
         try:
             if job["op"] == "check":
-                remember(job["key_id"], runtime.check_keys(Path(job["keys"]).read_bytes()))
+                path = Path(job["keys"])
+                keys = runtime.check_keys(path if from_file else path.read_bytes())
+                remember(job["key_id"], keys)
                 conn.send({"ok": True})
             elif job["op"] == "run":
                 keys, keys_s = keys_at(job["key_id"], job["keys"])

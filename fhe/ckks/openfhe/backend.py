@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fhe import wire
 from fhe.artifacts import verify
 from fhe.backends import register_backend
 from fhe.ckks.arith import ClearArith, Val
@@ -47,7 +48,7 @@ from fhe.ckks.packed import PackedProgram, check_packed, min_slots
 from fhe.ckks.planner import DepthError
 from fhe.ckks.program import PolyProgram, build_program
 from fhe.ckks.serialize import load_program, save_program
-from fhe.errors import KeysMissingError
+from fhe.errors import FheError, KeysMissingError
 from fhe.schemes import CkksEngine, CkksLayout, CkksParams, Scheme
 
 SECURE_RING = 1 << 16
@@ -65,6 +66,10 @@ SERVER_FILES = (
     "openfhe.params.json",
 )
 CLIENT_FILES = ("openfhe.context", "openfhe.public", "openfhe.secret", "openfhe.params.json")
+# what a client uploads to `fhe serve`: one fhe.wire payload of these server files, saved whole in
+# client/ as KEY_SET_FILE (its SHA-256, in client/'s manifest, is the service's key id)
+KEY_SET = ("openfhe.public", "openfhe.mult_keys", "openfhe.rotation_keys")
+KEY_SET_FILE = "openfhe.keys"
 
 
 @cache
@@ -141,6 +146,7 @@ class OpenFhePlan:
             "level_budget": list(self.level_budget),
             "bootstrap": bool(self.bootstrap_tags),
             "rotation_steps": list(self.rotation_steps),
+            "bootstrap_depth": self.bootstrap_depth,  # a fresh ciphertext's encoding level
         }
 
     def to_dict(self) -> dict:
@@ -371,7 +377,8 @@ class OpenFheBackend:
 
     def save(self, directory, include_secret_key: bool = False) -> dict:
         """server/: program, crypto context, public and evaluation keys; client/ (on request): the
-        context, public and secret keys."""
+        context, public and secret keys, and the key set it uploads to a service (a copy of the
+        server's evaluation keys: gigabytes at N = 2^16)."""
         self._require_keys()
         assert self.keys_dir is not None
         directory = Path(directory)
@@ -380,13 +387,17 @@ class OpenFheBackend:
         for name in SERVER_FILES:
             shutil.copyfile(self.keys_dir / "server" / name, server / name)
         save_program(self.program, server)
-        meta = {**self.meta, **self._artifact_meta()}
+        key_set = [server / name for name in KEY_SET]
+        meta = {**self.meta, **self._artifact_meta(), "key_set_bytes": wire.packed_size(key_set)}
         (server / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
         paths = {"server": server}
         if include_secret_key:
             client.mkdir(parents=True, exist_ok=True)
             for name in CLIENT_FILES:
                 shutil.copyfile(self.keys_dir / "client" / name, client / name)
+            with open(client / KEY_SET_FILE, "wb") as f:
+                for chunk in wire.pack_files(key_set):
+                    f.write(chunk)
             save_program(self.program, client)  # the client decodes the packed output layout
             (client / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
             paths["client"] = client
@@ -402,11 +413,12 @@ class OpenFheBackend:
             shutil.rmtree(self.keys_dir, ignore_errors=True)
 
 
-def open_server_worker(folder: Path) -> WorkerProcess:
-    """A server worker on ``folder``'s context and evaluation keys; it reads no secret key, and
-    says so (checked all the same)."""
+def open_server_worker(folder: Path, evaluation_keys: bool = True) -> WorkerProcess:
+    """A server worker on ``folder``'s context and (unless a service loads each client's, with
+    ``evaluation_keys=False``) evaluation keys; it reads no secret key, and says so (checked all
+    the same)."""
     worker = WorkerProcess()
-    info, _ = worker.call("open_server", folder=str(folder))
+    info, _ = worker.call("open_server", folder=str(folder), evaluation_keys=evaluation_keys)
     if info["has_secret_key"]:
         worker.close()
         raise RuntimeError(f"{folder}: the OpenFHE server worker holds a secret key")
@@ -432,17 +444,27 @@ def decrypt_samples(
 
 
 def open_artifact(directory: Path, role: str) -> tuple[dict, OpenFhePlan, PackedProgram]:
-    """An artifact folder's meta, plan and packed program, after its manifest is verified."""
-    verify(directory, role)
-    meta = json.loads((directory / "meta.json").read_text())
+    """An artifact folder's meta (with its manifest as ``meta["manifest"]``), plan and packed
+    program, after the manifest is verified."""
+    manifest = verify(directory, role)
+    meta = {**json.loads((directory / "meta.json").read_text()), "manifest": manifest}
     plan = OpenFhePlan.from_dict(meta["openfhe_plan"])
     return meta, plan, PackedProgram(load_program(directory), plan.slots)
 
 
-def run_on(worker: WorkerProcess, packed: PackedProgram, plan: OpenFhePlan, blob: bytes):
-    """One query on a server worker: the serialised ciphertext in, the serialised result out."""
+def run_on(
+    worker: WorkerProcess,
+    packed: PackedProgram,
+    plan: OpenFhePlan,
+    blob: bytes,
+    fresh: bool = False,
+):
+    """One query on a server worker: the serialised ciphertext in, the serialised result out.
+    ``fresh`` (a served query): the worker refuses a ciphertext that is not fresh at the client's
+    encoding level under the keys it has loaded."""
     ar = OpenFheArith(worker, plan.arith_depth)
-    out = packed.forward(ar, Val(worker.from_bytes(blob), 0))
+    ct = worker.from_bytes(blob, fresh_level=plan.bootstrap_depth if fresh else None)
+    out = packed.forward(ar, Val(ct, 0))
     return worker.to_bytes(out.data), ar
 
 
@@ -468,6 +490,16 @@ class OpenFheClient:
         self.meta, self.plan, self.packed = open_artifact(directory, "client")
         self.worker = WorkerProcess()
         self.worker.call("open_client", folder=str(directory))
+        files = self.meta["manifest"]["files"]
+        self.key_file = directory / KEY_SET_FILE if KEY_SET_FILE in files else None
+        # the service's key id, from the manifest that verify() just checked against the file
+        self.key_id = files[KEY_SET_FILE]["sha256"] if self.key_file else None
+
+    def public_keys(self) -> bytes:
+        raise FheError(
+            "an OpenFHE key set is gigabytes: it is uploaded from its file (key_file), never "
+            "held in memory; `fhe batch` does not take OpenFHE artifacts yet"
+        )
 
     def encrypt(self, x: np.ndarray) -> list[bytes]:
         return encrypt_samples(self.worker, self.packed, self.plan, x)

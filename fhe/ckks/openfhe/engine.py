@@ -131,8 +131,17 @@ class WorkerProcess:
     def to_bytes(self, ct: Ciphertext) -> bytes:
         return self.call("to_bytes", handle=ct.handle)[1][0]
 
-    def from_bytes(self, blob: bytes) -> Ciphertext:
-        return self.ciphertext(self.call("from_bytes", (blob,))[0])
+    def from_bytes(self, blob: bytes, fresh_level: int | None = None) -> Ciphertext:
+        """``fresh_level``: refuse (EngineError) anything but a fresh ciphertext encoded at that
+        level under the keys loaded with ``load_keys`` (a served query)."""
+        if fresh_level is None:
+            return self.ciphertext(self.call("from_bytes", (blob,))[0])
+        reply = self.call("from_bytes", (blob,), fresh=True, level=int(fresh_level))[0]
+        return self.ciphertext(reply)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def level(self, ct: Ciphertext) -> int:
         return int(self.call("level", handle=ct.handle)[0]["level"])

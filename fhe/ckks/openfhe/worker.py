@@ -11,15 +11,19 @@ little-endian float64; ciphertexts and keys in OpenFHE's own binary serialisatio
 
 A worker is a *client* (``keygen``/``open_client``: it holds the secret key) or a *server*
 (``open_server``: crypto context, public key and evaluation keys from files; it never reads a
-secret key, and ``has_secret_key`` says so). Ciphertexts live in a table and are named by integer
-handles; the driver frees them.
+secret key, and ``has_secret_key`` says so). A served model's server opens the context alone and
+takes each client's keys with ``load_keys`` (one key set at a time, checked before use).
+Ciphertexts live in a table and are named by integer handles; the driver frees them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import resource
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,6 +58,7 @@ class Worker:
         self.table: dict[int, object] = {}
         self.next_handle = 1
         self.bootstrap_ready = False
+        self.key_tag: str | None = None  # the client whose evaluation keys are loaded (served)
 
     # ------------------------------------------------------------------ contexts and keys
     def _context(self, p: dict):
@@ -125,6 +130,9 @@ class Worker:
         if self.params["bootstrap"]:
             self.cc.EvalBootstrapKeyGen(self.secret, self.params["slots"])
         keygen_s = time.perf_counter() - start
+        # what a served model checks another key set of this program against (op_load_keys)
+        tag = self.secret.GetKeyTag()
+        self.params["automorphism_indices"] = self.cc.GetExistingEvalAutomorphismKeyIndices(tag)
         server, client = Path(h["server_dir"]), Path(h["client_dir"])
         sizes = self._save_public(server, evaluation_keys=True)
         self._save_public(client, evaluation_keys=False)
@@ -162,15 +170,62 @@ class Worker:
         self.public = public
 
     def op_open_server(self, h, blobs):
-        """Context, public and evaluation keys from a server folder; no secret key is read."""
+        """Context, public and (unless ``evaluation_keys`` is false: a served model takes each
+        client's with ``load_keys``) evaluation keys from a server folder; no secret key is read."""
         folder = Path(h["folder"])
         self._load_context(folder)
-        if not self.cc.DeserializeEvalMultKey(str(folder / FILES["mult"]), BINARY):
-            raise ValueError(f"{folder}: unreadable relinearisation keys")
-        if not self.cc.DeserializeEvalAutomorphismKey(str(folder / FILES["rotation"]), BINARY):
-            raise ValueError(f"{folder}: unreadable rotation/bootstrapping keys")
+        if h.get("evaluation_keys", True):
+            self._deserialize_keys(folder / FILES["mult"], folder / FILES["rotation"])
         self._bootstrap_setup()
         return self._info(), []
+
+    def _deserialize_keys(self, mult: Path | str, rotation: Path | str) -> None:
+        for path, read, what in (
+            (mult, self.cc.DeserializeEvalMultKey, "relinearisation"),
+            (rotation, self.cc.DeserializeEvalAutomorphismKey, "rotation and bootstrapping"),
+        ):
+            try:
+                ok = read(str(path), BINARY)
+            except RuntimeError as exc:
+                raise ValueError(f"unreadable {what} keys: {exc}") from exc
+            if not ok:
+                raise ValueError(f"unreadable {what} keys")
+
+    def op_load_keys(self, h, blobs):
+        """A client's key set, replacing the one loaded: the parts (public key, relinearisation
+        keys, rotation and bootstrapping keys) of the file at ``path``, each an ``[offset, size]``
+        slice. Refused (ValueError) unless the three belong to one secret key, hold every
+        automorphism this program's keygen made, and compute on this context."""
+        path = Path(h["path"])
+        (public_at, mult_at, rotation_at) = h["parts"]
+        of.ClearEvalMultKeys()
+        self.cc.ClearEvalAutomorphismKeys()
+        self.key_tag = None
+        with open(path, "rb") as f:
+            f.seek(public_at[0])
+            public = of.DeserializePublicKeyString(f.read(public_at[1]), BINARY)
+        with _streamed(path, mult_at) as mult, _streamed(path, rotation_at) as rotation:
+            self._deserialize_keys(mult, rotation)
+        tag = public.GetKeyTag()
+        tags = list(self.cc.GetAllEvalMultKeys())
+        if tags != [tag]:
+            raise ValueError("the relinearisation keys are not those of this public key's secret")
+        have = set(self.cc.GetExistingEvalAutomorphismKeyIndices(tag))
+        missing = sorted(set(self.params.get("automorphism_indices", [])) - have)
+        if missing:
+            raise ValueError(
+                f"the rotation keys lack {len(missing)} of the automorphisms this program uses "
+                f"(e.g. {missing[:4]}): keys made for another program or slot count"
+            )
+        try:  # keys for another context are refused by OpenFHE on first use
+            probe = self.cc.Encrypt(public, self._plain([0.0], self.params["bootstrap_depth"]))
+            self.cc.EvalMult(probe, probe)
+            for step in self.params["rotation_steps"][:1]:
+                self.cc.EvalRotate(probe, int(step))
+        except RuntimeError as exc:
+            raise ValueError(f"these keys do not compute on this program's context: {exc}") from exc
+        self.public, self.key_tag = public, tag
+        return {"key_tag": tag}, []
 
     def op_open_client(self, h, blobs):
         folder = Path(h["folder"])
@@ -224,7 +279,22 @@ class Worker:
         return {}, [of.Serialize(self._get(h["handle"]), BINARY)]
 
     def op_from_bytes(self, h, blobs):
+        """A serialised ciphertext into the table; with ``fresh`` (a served query), refused unless
+        it is a fresh two-part ciphertext at the client's encoding level, under the loaded keys."""
         ct = of.DeserializeCiphertextString(blobs[0], BINARY)
+        if h.get("fresh"):
+            if self.key_tag is None:
+                raise ValueError("no client keys are loaded")
+            if ct.GetKeyTag() != self.key_tag:
+                raise ValueError("a ciphertext encrypted under other keys than those uploaded")
+            if ct.NumberCiphertextElements() != 2 or ct.GetLevel() != h["level"]:
+                raise ValueError(
+                    "the program takes fresh ciphertexts (two parts, encoded at level "
+                    f"{h['level']}), got {ct.NumberCiphertextElements()} parts at {ct.GetLevel()}"
+                )
+            if ct.GetSlots() != self.params["slots"]:
+                slots = self.params["slots"]
+                raise ValueError(f"{ct.GetSlots()} slots; this program packs {slots}")
         return {"handle": self._put(ct)}, []
 
     def op_level(self, h, blobs):
@@ -279,6 +349,38 @@ class Worker:
     def op_peak_memory(self, h, blobs):
         """This process's peak resident memory so far, in bytes."""
         return {"bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}, []
+
+
+# the writer of _streamed: a slice of a file into its stdout, a pipe (run by this interpreter)
+_COPY = """
+import os, sys
+path, offset, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with open(path, "rb") as f:
+    while size > 0:
+        done = os.sendfile(1, f.fileno(), offset, min(size, 1 << 24))
+        if done == 0:
+            sys.exit(1)
+        offset, size = offset + done, size - done
+"""
+
+
+@contextlib.contextmanager
+def _streamed(path: Path, part: list):
+    """Bytes ``part = [offset, size]`` of ``path`` as a path OpenFHE can open (it reads its large
+    keys from files only): a pipe that a child process fills, so that the slice is never copied to
+    disk nor held whole in memory. The child, not a thread: OpenFHE's reader keeps the GIL."""
+    read_end, write_end = os.pipe()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _COPY, str(path), str(int(part[0])), str(int(part[1]))],
+        stdout=write_end,
+    )
+    os.close(write_end)
+    try:
+        yield f"/dev/fd/{read_end}"
+    finally:
+        os.close(read_end)  # a reader that stopped early leaves the writer a broken pipe
+        if writer.wait(timeout=60) not in (0, 1, -13, 120):
+            raise ValueError(f"reading {path} failed")
 
 
 def read_frame(stream) -> tuple[dict, list[bytes]] | None:
