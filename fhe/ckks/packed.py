@@ -207,6 +207,51 @@ class PackedProgram:
         t = np.arange(n)
         return ((t + r) % pow2(self.T) <= t).astype(np.float64)
 
+    def pair_keep(self, ar: Arith, rot: Rotations, tag: str) -> list | None:
+        """What removes the masked (query, key) pairs of an attention that cannot fold its masks
+        into a score (the Inhibitor's ReLU, softmax's exp): per offset group (one when every offset
+        is packed in one ciphertext, else one per offset r), a multiplier of the per-pair values:
+        at the C channels of query t in block r, [key (t + r) mod T' kept], times the client's
+        encrypted key mask m there for a padded model (one ciphertext, one level), else the public
+        causal mask (a plaintext, Eq. 11). Padding offsets (keys beyond T) get 0. None: nothing to
+        remove."""
+        cfg = self.program.config
+        T, C, S, n_blocks = self.T, cfg.d_model, self.stride, self.block // self.stride
+        if not cfg.causal and self.key_mask is None:
+            return None
+        lay = self.layout(C)
+
+        def kept(r: int) -> np.ndarray:  # (T·C,): query t keeps its key at offset r
+            causal = self.causal_keep(T, r) if cfg.causal else np.ones(T)
+            real_key = ((np.arange(T) + r) % pow2(T) < T).astype(np.float64)
+            return np.repeat(causal * real_key, C)
+
+        if self.pack_attention:
+            blocks = [
+                Layout(T, C, S, self.attention_period, offset=r * self.block)
+                for r in range(n_blocks)
+            ]
+            plains = [self.placed(("keep", tag, r), kept(r), b) for r, b in enumerate(blocks)]
+        else:
+            plains = [self.placed(("keep", tag, r), kept(r), lay) for r in range(n_blocks)]
+        if self.key_mask is None:
+            return [sum(plains)] if self.pack_attention else plains
+        m = self.materialize(ar, rot, "key_mask", self.mask_of(np.eye(T), C), lay)
+        shifted = self.shifted(ar, m.val)  # m_{(t + r) mod T'} beside query t
+        if self.pack_attention:
+            return [ar.dot_plain(shifted, plains)]
+        return [ar.dot_plain([s], [pl]) for s, pl in zip(shifted, plains, strict=True)]
+
+    @staticmethod
+    def apply_keep(ar: Arith, values: list[Val], keep: list | None) -> list[Val]:
+        """``values`` (one per offset group) times :meth:`pair_keep`'s multipliers."""
+        if keep is None:
+            return values
+        return [
+            ar.dot_plain([v], [k]) if isinstance(k, np.ndarray) else ar.mul(v, k)
+            for v, k in zip(values, keep, strict=True)
+        ]
+
     def block_masks(self, n_blocks: int) -> list[np.ndarray]:
         """Block r of the packed-attention period, as 0/1 slot vectors."""
         period = self.attention_period
@@ -280,6 +325,13 @@ class PackedProgram:
                 return PVec(out, lay, clean=lay.size == lay.period), 1.0, 0.0
             s = self.materialize(ar, rot, name, t_map.apply(np.eye(u.size), square.shift), lay)
             return PVec(ar.square(s.val), lay, clean=s.clean), square.scale, square.offset
+
+    def mask_of(self, reach: np.ndarray, channels: int) -> Affine:
+        """Σ_j reach[t, j]·m_j at every channel of position t, from the client's key mask
+        column."""
+        assert self.key_mask is not None
+        T = reach.shape[0]
+        return Affine([(self.key_mask, self.mask_map(reach, channels))], np.zeros(T * channels))
 
     def mask_map(self, per_position_of_mask: np.ndarray, channels: int) -> np.ndarray:
         """(T·channels, T·F): a clear map from the input (F columns, the key mask last) that puts

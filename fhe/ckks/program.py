@@ -300,6 +300,23 @@ def encode_clear(ar: ClearArith, x: np.ndarray | torch.Tensor) -> list[Val]:
     return [ar.encode(x[:, t, f]) for t in range(T) for f in range(F)]
 
 
+# the kinds whose lowerings take causal and key-padding masks (Eq. 11); the token-local kinds have
+# no scores to mask
+MASKED_KINDS = frozenset(
+    {
+        AttentionKind.POWER_SOFTMAX,
+        AttentionKind.DOT_PRODUCT,
+        AttentionKind.INHIBITOR,
+        AttentionKind.SIGNED_INHIBITOR,
+    }
+)
+TOKEN_LOCAL_KINDS = frozenset({AttentionKind.ACTIVATOR, AttentionKind.GEGLU_ONLY})
+
+
+def _names(kinds: frozenset[AttentionKind]) -> str:
+    return ", ".join(sorted(k.value for k in kinds))
+
+
 def check_model(config: TransformerConfig) -> None:
     if config.input_kind is InputKind.TOKENS:
         raise PolynomialError(
@@ -307,22 +324,18 @@ def check_model(config: TransformerConfig) -> None:
             "its words; split the model first (models.text.split_text_model; `fhe compile` does "
             "it for models trained with --words)"
         )
-    if config.key_mask_column and config.attention not in (
-        AttentionKind.POWER_SOFTMAX,
-        AttentionKind.ACTIVATOR,
-        AttentionKind.GEGLU_ONLY,
-    ):
+    if config.key_mask_column and config.attention not in MASKED_KINDS | TOKEN_LOCAL_KINDS:
         raise PolynomialError(
             f"this text model attends over padded word positions: its encrypted key-padding mask "
-            f"has a polynomial lowering for power-softmax (and the token-local kinds), not for "
-            f"{config.attention.value}; use --scheme tfhe, or train with --words N (N words "
-            "pooled into --seq-len segments on the client: no padding, no mask)"
+            f"has a polynomial lowering for {_names(MASKED_KINDS)} (and the token-local kinds), "
+            f"not for {config.attention.value}; use --scheme tfhe, or train with --words N (N "
+            "words pooled into --seq-len segments on the client: no padding, no mask)"
         )
-    if config.causal and config.attention is not AttentionKind.POWER_SOFTMAX:
+    if config.causal and config.attention not in MASKED_KINDS:
         raise PolynomialError(
             f"causal {config.attention.value} attention has no polynomial lowering (under CKKS "
-            "the causal mask, PowerSoftmax paper Eq. 11, is lowered for power-softmax); use "
-            "--scheme tfhe, or train with --attention power-softmax"
+            f"the causal mask, PowerSoftmax paper Eq. 11, is lowered for {_names(MASKED_KINDS)}); "
+            "use --scheme tfhe, or train with one of those"
         )
     try:
         poly_mixer(config.attention)

@@ -11,6 +11,10 @@ compiling it.
     Z'_ij = (Σ_c |·|/γ − α)⁺               Eq. 5 (one map into the ReLU's interval, one level)
     H_ic  = Σ_j (V_jc − Z'_ij)⁺            Eq. 6; signed (Eq. 7): Σ_j (V⁺ − Z')⁺ − (|V⁻| − Z')⁺
 
+Masks, as the float model (``functional.inhibitor``: the sums over j skip the removed keys): causal
+pairs j > i are never computed; a padded model's terms are multiplied by the client's encrypted key
+mask m_j (one level).
+
 Packed (one sample in the slots, :func:`lower_packed_inhibitor`): the same equations on all T
 relative offsets at once, block r of the attention period holding key (i + r) mod T beside query i,
 as the packed softmax family does (:mod:`fhe.ckks.mixers.packed_softmax`): one |x| polynomial, one
@@ -85,22 +89,21 @@ def lower_inhibitor(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
             v_neg = [
                 ar.add(p, ar.neg(vi)) for p, vi in zip(v_pos, v, strict=True)
             ]  # |V⁻| = V⁺ − V, free
+    # the (i, j) pairs computed: causal (Eq. 11, public) keeps j <= i only; a padded model's key
+    # mask m_j (encrypted) multiplies each pair's term (one level)
+    pairs = [(i, j) for i in range(T) for j in (range(i + 1) if cfg.causal else range(T))]
+    mask = prog.key_mask
     o: list[Val | None] = [None] * (T * C)
     for head in range(H):
         cols = range(head * dh, (head + 1) * dh)
         with ar.stage(f"{tag}.scores"):
             t = [
                 ar.add_scalar(ar.add(q[i * C + c], ar.neg(k[j * C + c])), -mid / half)
-                for i in range(T)
-                for j in range(T)
+                for i, j in pairs
                 for c in cols
             ]
             a = prog.approximate(ar, n_abs, t, np.abs)  # |Q_ic − K_jc|, Eq. 5
-            dist = [
-                ar.sum(a[(i * T + j) * dh : (i * T + j + 1) * dh])
-                for i in range(T)
-                for j in range(T)
-            ]
+            dist = [ar.sum(a[n * dh : (n + 1) * dh]) for n in range(len(pairs))]
             z = prog.approximate(
                 ar, n_z, [_mapped(ar, prog, n_z, [d], [1 / gamma], -alpha) for d in dist], _relu
             )
@@ -111,9 +114,8 @@ def lower_inhibitor(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
                     ar,
                     n_pos,
                     [
-                        _mapped(ar, prog, n_pos, [src[j * C + c], z[i * T + j]], [1, -1])
-                        for i in range(T)
-                        for j in range(T)
+                        _mapped(ar, prog, n_pos, [src[j * C + c], z[n]], [1, -1])
+                        for n, (i, j) in enumerate(pairs)
                     ],
                     _relu,
                 )
@@ -122,15 +124,17 @@ def lower_inhibitor(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
                         ar,
                         n_neg,
                         [
-                            _mapped(ar, prog, n_neg, [v_neg[j * C + c], z[i * T + j]], [1, -1])
-                            for i in range(T)
-                            for j in range(T)
+                            _mapped(ar, prog, n_neg, [v_neg[j * C + c], z[n]], [1, -1])
+                            for n, (i, j) in enumerate(pairs)
                         ],
                         _relu,
                     )
                     pos = [ar.add(p, ar.neg(n)) for p, n in zip(pos, neg, strict=True)]
-                for i in range(T):
-                    o[i * C + c] = ar.sum(pos[i * T : (i + 1) * T])  # Eq. 6 / 7
+                if mask is not None:
+                    pos = [ar.mul(term, mask[j]) for term, (_, j) in zip(pos, pairs, strict=True)]
+                for i in range(T):  # Eq. 6 / 7: Σ over the keys query i keeps
+                    row = [term for term, p in zip(pos, pairs, strict=True) if p[0] == i]
+                    o[i * C + c] = ar.sum(row)
     return Affine(
         [(o, per_position(w[f"{key}.out_proj.weight"], T))], np.tile(w[f"{key}.out_proj.bias"], T)
     )
@@ -241,6 +245,7 @@ def lower_packed_inhibitor(
             )  # Z'
             del a
     with ar.stage(f"{tag}.values"):
+        keep = pk.pair_keep(ar, rot, tag)  # masks: the removed pairs' terms set to 0, one level
         c0 = coeffs[n_z][0]  # Z' off the activation (t = 0 there)
         for src, name in sources:
             vmid, vhalf = prog.fit_map(name)
@@ -255,7 +260,7 @@ def lower_packed_inhibitor(
                 ar.add_plain(ar.lincomb([vg, zg], [1 / vhalf, -1 / vhalf]), b)
                 for vg, zg in zip(offsets(src), zs, strict=True)
             ]
-            relu = [A.poly_eval(ar, t, coeffs[name]) for t in ts]
+            relu = pk.apply_keep(ar, [A.poly_eval(ar, t, coeffs[name]) for t in ts], keep)
             outs.append(rotate_and_sum(ar, relu[0], pk.block, n_blocks) if packed else ar.sum(relu))
     o = outs[0] if not signed else ar.add(outs[0], ar.neg(outs[1]))  # Eq. 6, or Eq. 7's difference
     return Affine(

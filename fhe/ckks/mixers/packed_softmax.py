@@ -51,7 +51,7 @@ def lower_packed_attention(
     cfg, w = prog.config, prog.weights
     C, H, dh, p = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.power_p
     power = cfg.attention is AttentionKind.POWER_SOFTMAX
-    causal = cfg.causal  # power-softmax only (fhe.ckks.program.check_model)
+    causal = cfg.causal and power  # folded into the head sums; softmax: pk.pair_keep
     seq = (
         dct_matrix(T, min(cfg.dct_n_bar or max(1, T // 2), T))
         if cfg.attention is AttentionKind.DCT
@@ -85,8 +85,8 @@ def lower_packed_attention(
         cq = cq * np.repeat(causal_row_scale(T, p), C)
     with ar.stage(f"{tag}.qkv"):
         q, k, v = proj("q_proj", cq), proj("k_proj", 1.0), proj("v_proj", 1.0)
-        if pk.key_mask is not None:  # a padding key's K is 0: sᵖ = 0 (Eq. 11's x ⊙ M)
-            m_all = pk.materialize(ar, rot, "key_mask", _mask_of(pk, np.eye(T), C), lay)
+        if power and pk.key_mask is not None:  # a padding key's K is 0: sᵖ = 0 (Eq. 11's x ⊙ M)
+            m_all = pk.materialize(ar, rot, "key_mask", pk.mask_of(np.eye(T), C), lay)
             k = PVec(ar.mul(k.val, m_all.val), lay)
     sums = np.kron(np.eye(n * H), np.ones((dh, dh)))  # Σ over a head's channels, broadcast back
     n_blocks = pk.block // S  # T' relative positions, padding included
@@ -134,16 +134,20 @@ def lower_packed_attention(
         else:  # exp(s)/D; a padding key scores s = 0, adding the constant p(t(0))/D to each row sum
             coeffs = tuple(c / D for c in exp["coeffs"])
             e = [A.poly_eval(ar, ar.add_scalar(sr, shift), coeffs) for sr in s]
-            pad = (n_blocks - n) * float(np.polynomial.polynomial.polyval(shift, coeffs))
+            # masks: the removed pairs' e (padding keys included) set to 0, one level
+            keep = pk.pair_keep(ar, rot, tag)
+            e = pk.apply_keep(ar, e, keep)
+            at_zero = float(np.polynomial.polynomial.polyval(shift, coeffs))
+            pad = 0.0 if keep else (n_blocks - n) * at_zero
     del s
     with ar.stage(f"{tag}.reciprocal"):
         total = rotate_and_sum(ar, e[0], pk.block, n_blocks) if packed else ar.sum(e)
-        if pk.key_mask is None:
+        if pk.key_mask is None or not power:
             a = ar.add_scalar(total, (prog._inference_eps() if power else 0.0) / D - pad)
         else:  # ε once per kept key: ε·Σ_j m_j / T at query t (j <= t when causal), times its scale
             reach = np.tril(np.ones((T, T))) if causal else np.ones((T, T))
             scale = (causal_row_scale(T, p) if causal else np.ones(T)) ** p
-            kept = pk.materialize(ar, rot, "kept_keys", _mask_of(pk, reach, C), lay)
+            kept = pk.materialize(ar, rot, "kept_keys", pk.mask_of(reach, C), lay)
             weights = lay.place(np.repeat(prog._inference_eps() * scale / (T * D), C), pk.n_slots)
             a = ar.add(total, ar.dot_plain([kept.val], [weights]))
         y = A.goldschmidt_reciprocal(ar, a, rec["iterations"])
@@ -159,10 +163,3 @@ def lower_packed_attention(
         per_position(w[f"{key}.out_proj.weight"], T) @ seq_map.T
     )  # D̄ᵀ (DCT-Former), then the projection
     return Affine([(PVec(o, lay), out)], np.tile(w[f"{key}.out_proj.bias"], T))
-
-
-def _mask_of(pk: PackedProgram, reach: np.ndarray, C: int) -> Affine:
-    """Σ_j reach[t, j]·m_j at every channel of position t, from the client's key mask column."""
-    assert pk.key_mask is not None
-    T = reach.shape[0]
-    return Affine([(pk.key_mask, pk.mask_map(reach, C))], np.zeros(T * C))

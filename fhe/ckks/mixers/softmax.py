@@ -70,6 +70,10 @@ def lower_softmax(prog, ar: Arith, tag: str, key: str, x: Affine, seq: np.ndarra
             proj("k_proj", 1.0),
             proj("v_proj", 1.0),
         )
+    # masks (dot-product: n = T): causal pairs j > i are never computed (Eq. 11, public); a padded
+    # model's key mask m_j (encrypted) multiplies e_ij (one level): softmax over the kept keys
+    keys = [range(i + 1) if cfg.causal else range(n) for i in range(n)]
+    mask = prog.key_mask
     o: list[Val | None] = [None] * (n * C)
     for head in range(H):
         cols = range(head * dh, (head + 1) * dh)
@@ -79,11 +83,17 @@ def lower_softmax(prog, ar: Arith, tag: str, key: str, x: Affine, seq: np.ndarra
                     ar.sum([ar.mul(q[i * C + c], k[j * C + c]) for c in cols]), -mid / half
                 )
                 for i in range(n)
-                for j in range(n)
+                for j in keys[i]
             ]
-            e = prog.approximate(ar, n_exp, t, np.exp, scale=1 / D)  # exp(s_ij)/D
+            flat = prog.approximate(ar, n_exp, t, np.exp, scale=1 / D)  # exp(s_ij)/D
+            e: list[list[Val]] = []
+            for i in range(n):
+                row, flat = flat[: len(keys[i])], flat[len(keys[i]) :]
+                if mask is not None:
+                    row = [ar.mul(r, mask[j]) for r, j in zip(row, keys[i], strict=True)]
+                e.append(row)
         with ar.stage(f"{tag}.reciprocal"):
-            a = [ar.sum(e[i * n : (i + 1) * n]) for i in range(n)]
+            a = [ar.sum(row) for row in e]
             prog._observe(ar, n_rec, a)
             if n_rec in prog.ops:
                 y = [A.goldschmidt_reciprocal(ar, ai, prog.ops[n_rec]["iterations"]) for ai in a]
@@ -92,7 +102,8 @@ def lower_softmax(prog, ar: Arith, tag: str, key: str, x: Affine, seq: np.ndarra
         with ar.stage(f"{tag}.values"):
             for i in range(n):
                 for c in cols:
-                    num = ar.sum([ar.mul(e[i * n + j], v[j * C + c]) for j in range(n)])
+                    terms = zip(e[i], keys[i], strict=True)
+                    num = ar.sum([ar.mul(eij, v[j * C + c]) for eij, j in terms])
                     o[i * C + c] = ar.mul(num, y[i])
     out = per_position(w[f"{key}.out_proj.weight"], T) @ S.T  # D̄ᵀ, then the output projection
     return Affine([(o, out)], np.tile(w[f"{key}.out_proj.bias"], T))
