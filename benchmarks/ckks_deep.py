@@ -29,32 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._results import command_line, write_results  # noqa: E402
 
-RANGE_LOSSES = dict(range_loss=0.1, range_threshold=1.0, act_range_loss=0.05, act_range_threshold=3)
-# the PowerSoftmax paper's polynomial recipe (length-agnostic, GELU, hinge range losses)
-POLY_GELU = dict(
-    attention="power-softmax",
-    ffn_activation="gelu",
-    power_form="length-agnostic",
-    power_eps=0.05,
-    d_model=16,
-    heads=2,
-    **RANGE_LOSSES,
-)
 MODELS = {
     # issue 28's example: TenSEAL's planner stops at depth 21 (the 128-bit chain holds 19)
     "gelu-1": (
         "1 block, no norm, GELU (issue 28's example)",
-        dict(POLY_GELU, norm="none", epochs=20, seed=3),
+        dict(recipe="ckks-deep", norm="none", layers=1, epochs=20, seed=3),
     ),
-    # the paper's recipe: LayerNorm, polynomial GELU, several blocks
+    # the paper's recipe (fhe train --recipe ckks-deep): LayerNorm, polynomial GELU, 2 blocks
     "layernorm-gelu-2": (
         "2 blocks, LayerNorm, GELU (the paper's recipe)",
-        dict(POLY_GELU, norm="layernorm", layers=2, epochs=40, seed=0),
+        dict(recipe="ckks-deep"),
     ),
-    "layernorm-gelu-4": (
-        "4 blocks, LayerNorm, GELU",
-        dict(POLY_GELU, norm="layernorm", layers=4, epochs=40, seed=0),
-    ),
+    "layernorm-gelu-4": ("4 blocks, LayerNorm, GELU", dict(recipe="ckks-deep", layers=4)),
 }
 
 

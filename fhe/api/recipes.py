@@ -16,6 +16,7 @@ from fhe.errors import BadOptionError
 class Recipe(str, Enum):
     TFHE = "tfhe"  # small lookups: few tokens, QAT through the integer program
     CKKS = "ckks"  # shallow polynomials: the length-agnostic PowerSoftmax, x², quad activation
+    CKKS_DEEP = "ckks-deep"  # the paper's: LayerNorm, polynomial GELU, 2 blocks (bootstrapped)
 
 
 # the PowerSoftmax paper's Alg. 1 with the shallow choices: x² and ε = 1 so one Goldschmidt step
@@ -31,6 +32,19 @@ SHALLOW_POLYNOMIAL = dict(
     ffn_activation="quad",
     power_p=2,
     power_eps=1.0,
+)
+# the PowerSoftmax paper's recipe (length-agnostic, LayerNorm, polynomial GELU, hinge range losses):
+# deeper than one chain, so the OpenFHE engine bootstraps it on the server (`--engine auto`)
+POLYNOMIAL_GELU = dict(
+    attention="power-softmax",
+    norm="layernorm",
+    ffn_activation="gelu",
+    power_form="length-agnostic",
+    power_eps=0.05,
+    range_loss=0.1,
+    range_threshold=1.0,
+    act_range_loss=0.05,
+    act_range_threshold=3.0,
 )
 # text: 512 words pooled on the client into 16 segments of width 8 (models/text.py)
 TEXT_FRONT_END = dict(words=512, seq_len=16, d_model=8, epochs=20, lr=1e-2)
@@ -50,6 +64,8 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     # make demo's CKKS model: depth 10, one packed query at N = 16384
     # (benchmarks/results/ckks_packed_digits_quad-batchnorm.md)
     ("digits", Recipe.CKKS): dict(**SHALLOW_POLYNOMIAL, d_model=16, heads=2, epochs=120),
+    # 2 blocks at depth 88: 51 bootstraps per query (benchmarks/results/ckks_deep.md)
+    ("digits", Recipe.CKKS_DEEP): dict(**POLYNOMIAL_GELU, d_model=16, heads=2, layers=2, epochs=40),
     # text (docs/text.md): K = Q and one head of 8 keep the T² Inhibitor lookups at 2048; a short
     # QAT at the TFHE defaults (6-bit activations, 3-bit Q/K/V) (benchmarks/results/text.md)
     ("imdb", Recipe.TFHE): dict(

@@ -44,7 +44,9 @@ class TrainRequest:
     recipe: str | None = option_field(
         None,
         "A named recipe for the task (digits, imdb): tfhe (small lookups; digits: the make demo "
-        "model) or ckks (shallow polynomials); it sets every option you do not give.",
+        "model), ckks (shallow polynomials) or ckks-deep (digits: the PowerSoftmax paper's "
+        "LayerNorm, GELU, 2 blocks; --engine auto bootstraps it); it sets every option you do "
+        "not give.",
         choices=_values(Recipe),
     )
     layers: int | None = option_field(
