@@ -65,6 +65,7 @@ FULL = [
     # PowerSoftmax paper Eq. 11's causal mask: segment i reads segments j <= i
     Row("tfhe", "inhibitor", 1, 16, 10, {"causal": True}),
     Row("ckks", "power-softmax", 1, 16, 10, {"causal": True}),
+    Row("ckks", "dot-product", 1, 16, 5, {"causal": True}),  # exp polynomial, mask: one product
     # word positions (the first T words), right-padded, the key mask encrypted
     Row("tfhe", "inhibitor", 1, 32, 3, {"words": None}),
     Row("ckks", "power-softmax", 1, 32, 5, {"words": None}),
