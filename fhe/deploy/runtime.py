@@ -359,10 +359,11 @@ class OpenFheRuntime:
     max_keys_in_memory = 1
 
     def __init__(self, info: ArtifactInfo) -> None:
-        from fhe.ckks.openfhe.backend import open_artifact, open_server_worker
+        from fhe.ckks.openfhe.backend import open_server_worker, read_artifact
 
         self.info, self.folder = info, info.folder
-        _, self.plan, self.packed = open_artifact(self.folder, "server")
+        # load_runtime's artifact_info has just verified the folder: its GBs of keys hashed once
+        _, self.plan, self.packed = read_artifact(self.folder)
         self.worker = open_server_worker(self.folder, evaluation_keys=False)
         self.loaded: OpenFheKeys | None = None
         self._lock = threading.Lock()

@@ -446,7 +446,13 @@ def decrypt_samples(
 def open_artifact(directory: Path, role: str) -> tuple[dict, OpenFhePlan, PackedProgram]:
     """An artifact folder's meta (with its manifest as ``meta["manifest"]``), plan and packed
     program, after the manifest is verified."""
-    manifest = verify(directory, role)
+    return read_artifact(directory, verify(directory, role))
+
+
+def read_artifact(
+    directory: Path, manifest: dict | None = None
+) -> tuple[dict, OpenFhePlan, PackedProgram]:
+    """:func:`open_artifact` for a folder its caller has just verified (GBs of keys hashed once)."""
     meta = {**json.loads((directory / "meta.json").read_text()), "manifest": manifest}
     plan = OpenFhePlan.from_dict(meta["openfhe_plan"])
     return meta, plan, PackedProgram(load_program(directory), plan.slots)
