@@ -502,6 +502,11 @@ class OpenFheClient:
         self.key_id = files[KEY_SET_FILE]["sha256"] if self.key_file else None
 
     def public_keys(self) -> bytes:
+        if self.key_file is None:
+            raise FheError(
+                f"this client folder has no {KEY_SET_FILE}: it was compiled before `fhe serve` "
+                "took OpenFHE keys; compile it again"
+            )
         raise FheError(
             "an OpenFHE key set is gigabytes: it is uploaded from its file (key_file), never "
             "held in memory; `fhe batch` does not take OpenFHE artifacts yet"
