@@ -43,6 +43,15 @@ class InputKind(str, Enum):
     EMBEDDED = "embedded"
 
 
+class Pooling(str, Enum):
+    """How the encoder's positions become the model's one output."""
+
+    MEAN = "mean"  # a classifier of the whole sequence: the mean over its positions (padding out)
+    # the output of the last word (right-padded token inputs): with causal attention, a next-word
+    # language model; under encryption the client picks that row of the per-position outputs
+    LAST = "last"
+
+
 # the kinds whose attention takes a mask (key padding, causal); the others are token-local
 # (activator, geglu-only: a padding position changes nothing but itself) or mix positions through a
 # transform that has no mask (dct: DCT-Former compresses the whole sequence, padding included)
@@ -71,6 +80,8 @@ class TransformerConfig:
     mask (:data:`MASKED_KINDS`), so a padded sequence gives the logits of the unpadded one; an
     embedded input (the client's vectors of such a model) carries the mask as its last column.
     ``causal``: query i attends keys j <= i only.
+    ``pooling``: ``mean`` (a sequence classifier) or ``last`` (the last word's output, a next-word
+    model; token inputs that mask their padding, no ``words``).
     ``words`` (token inputs): the model reads this many words and mean-pools them into ``seq_len``
     contiguous segments of (nearly) equal length before the positions are added
     (:func:`models.segments.segment_means`), so every position holds real words and no padding
@@ -100,6 +111,7 @@ class TransformerConfig:
     mask_padding: bool = True  # token inputs: no query attends a padding key (and pooling skips it)
     causal: bool = False  # query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask)
     words: int | None = None  # token inputs: words read, pooled into seq_len segments
+    pooling: Pooling = Pooling.MEAN
 
     def __post_init__(self) -> None:
         for name, enum in (
@@ -107,6 +119,7 @@ class TransformerConfig:
             ("norm", NormKind),
             ("ffn_activation", Activation),
             ("input_kind", InputKind),
+            ("pooling", Pooling),
         ):
             object.__setattr__(self, name, enum(getattr(self, name)))
         for name in ("seq_len", "in_features", "n_outputs", "d_model", "n_heads", "n_layers"):
@@ -149,6 +162,15 @@ class TransformerConfig:
                 f"embedded inputs have d_model={self.d_model} columns"
                 + (" and the key mask column" if self.key_mask_column else "")
                 + f", not in_features={self.in_features}"
+            )
+        if self.pooling is Pooling.LAST and not (
+            self.mask_padding
+            and self.words is None
+            and self.input_kind in (InputKind.TOKENS, InputKind.EMBEDDED)
+        ):
+            raise ValueError(
+                "pooling='last' (the last word's output) needs word positions: token inputs (or "
+                "the client's embedded ones) that mask their padding, without words= segments"
             )
         if self.dct_n_bar is not None and not 0 < self.dct_n_bar <= self.seq_len:
             raise ValueError(

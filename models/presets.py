@@ -20,4 +20,5 @@ PRESETS: dict[str, TaskPreset] = {
     "digits": TaskPreset(d_model=32, n_heads=2, n_layers=1, epochs=30, batch_size=64, lr=3e-3),
     "mnist": TaskPreset(d_model=64, n_heads=4, n_layers=1, epochs=10, batch_size=128, lr=3e-3),
     "imdb": TaskPreset(d_model=64, n_heads=2, n_layers=1, epochs=5, batch_size=64, lr=2e-3),
+    "imdb-lm": TaskPreset(d_model=16, n_heads=1, n_layers=1, epochs=10, batch_size=128, lr=3e-3),
 }

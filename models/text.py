@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.config import InputKind, TransformerConfig
+from models.config import InputKind, Pooling, TransformerConfig
 from models.segments import segment_means
 from models.transformer import Transformer
 
@@ -46,23 +46,59 @@ class TextEncoder:
 
     ``padded``: the model attends over ``words`` word positions (no segments), right-padded; each
     row then carries one more column, the key mask (1: a word, 0: padding), which the program
-    reads encrypted (the server never learns the review's length)."""
+    reads encrypted (the server never learns the review's length). ``labels``: the names of the
+    outputs, when the task has them (a next-word model's words). ``keep_last``: a text longer
+    than ``words`` keeps its last words, not its first (a next-word model predicts the word after
+    the text)."""
 
     vocab: tuple[str, ...]
     words: int
     embedding: np.ndarray  # (V, d_model), row 0 (padding) zero
     positions: np.ndarray  # (T, d_model)
     padded: bool = False
+    labels: tuple[str, ...] | None = None
+    keep_last: bool = False
+
+    def __post_init__(self) -> None:
+        emb, pos = np.asarray(self.embedding), np.asarray(self.positions)
+        if emb.ndim != 2 or emb.shape[0] != len(self.vocab):
+            raise ValueError(
+                f"the embedding table has shape {emb.shape}, not one row per word of the "
+                f"{len(self.vocab)}-word vocabulary: the vocabulary does not match the model"
+            )
+        if pos.ndim != 2 or pos.shape[1] != emb.shape[1]:
+            raise ValueError(
+                f"positions of shape {pos.shape} do not match embeddings of width {emb.shape[1]}"
+            )
+        if self.padded and self.words != pos.shape[0]:
+            raise ValueError(f"a padded front end reads one word per position, not {self.words}")
+
+    def label_of(self, output: int) -> str | None:
+        """The name of output ``output`` (a next-word model's word), or None."""
+        return self.labels[output] if self.labels and 0 <= output < len(self.labels) else None
 
     @property
     def seq_len(self) -> int:
         return int(self.positions.shape[0])
 
     def ids(self, texts: list[str]) -> Tensor:
-        """Token ids (N, words): the first ``words`` words, unknown ones as <unk>, right-padded."""
-        from models.tasks.imdb import encode
+        """Token ids (N, words): the first ``words`` words (the last, ``keep_last``), unknown ones
+        as <unk>, right-padded."""
+        from models.tasks.imdb import encode, tokenize
 
+        if self.keep_last:
+            texts = [" ".join(tokenize(t)[-self.words :]) for t in texts]
         return encode(list(texts), list(self.vocab), self.words)
+
+    def truncation_note(self, text: str) -> str | None:
+        """What the client leaves out of a text longer than the model reads, or None."""
+        from models.tasks.imdb import tokenize
+
+        n = len(tokenize(text))
+        if n <= self.words:
+            return None
+        which = "last" if self.keep_last else "first"
+        return f"note: the text has {n} words; the model reads its {which} {self.words}"
 
     def embed_ids(self, ids: Tensor | np.ndarray) -> np.ndarray:
         """(N, words) ids → (N, T, d_model) float32 (the model's precision; every path rounds the
@@ -108,6 +144,8 @@ class TextEncoder:
             "words": self.words,
             "padded": self.padded,
             "vocab": list(self.vocab),
+            "labels": None if self.labels is None else list(self.labels),
+            "keep_last": self.keep_last,
         }
         (folder / TEXT_JSON).write_text(json.dumps(meta))
         save_file(
@@ -134,6 +172,8 @@ class TextEncoder:
             tensors["embedding"].astype(np.float64),
             tensors["positions"].astype(np.float64),
             bool(meta.get("padded", False)),
+            None if meta.get("labels") is None else tuple(meta["labels"]),
+            bool(meta.get("keep_last", False)),
         )
 
 
@@ -141,14 +181,14 @@ class NoEncryptedTextError(ValueError):
     """A token model whose front end cannot move to the client as it is."""
 
 
-def split_text_model(model, vocab: list[str]):
+def split_text_model(model, vocab: list[str], labels: list[str] | None = None):
     """(:class:`TextEncoder`, the model of embedded inputs) for a token model: model(ids) ==
     program_model(encoder.embed_ids(ids)) up to float rounding.
 
     A model trained with ``words`` reads segment means (no padding reaches the program). One that
     attends over padded word positions keeps its key-padding mask: the client sends the mask as
     one more input column, encrypted, and the program masks the padding keys and pools over the
-    words only (:attr:`TextEncoder.padded`)."""
+    words only (:attr:`TextEncoder.padded`). ``labels``: the outputs' names (the task's)."""
     cfg: TransformerConfig = model.config
     if cfg.input_kind is not InputKind.TOKENS:
         raise NoEncryptedTextError("not a token model")
@@ -165,6 +205,8 @@ def split_text_model(model, vocab: list[str]):
         model.embed.weight.detach().double().numpy().copy(),
         model.pos.detach().double().numpy()[: cfg.seq_len].copy(),
         padded,
+        None if labels is None else tuple(labels),
+        keep_last=cfg.pooling is Pooling.LAST,
     )
     inner = cfg.replace(
         input_kind=InputKind.EMBEDDED,

@@ -68,6 +68,7 @@ def config_for_task(task: TaskData, **overrides) -> TransformerConfig:
         in_features=task.in_features,
         n_outputs=task.n_outputs,
         input_kind=task.input_kind,
+        pooling=task.pooling,
     )
     return TransformerConfig(**{**fields, **overrides})
 

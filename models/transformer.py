@@ -6,9 +6,17 @@ import torch
 from torch import Tensor, nn
 
 from models.attention import build_attention
-from models.config import InputKind, TransformerConfig
+from models.config import InputKind, Pooling, TransformerConfig
 from models.layers import FeedForward, make_norm
 from models.segments import segment_means
+
+
+def last_kept(h: Tensor, kept: Tensor) -> Tensor:
+    """(B, T, C) outputs and their (B, T) key mask → (B, C), the row of the last kept position
+    (the last word of a right-padded text; position 0 when nothing is kept)."""
+    order = torch.arange(h.shape[-2], device=h.device)
+    last = (kept.to(torch.long) * order).argmax(-1)  # (B,)
+    return h[torch.arange(h.shape[0], device=h.device), last]
 
 
 def _takes_mask(mixer: nn.Module, mask: Tensor | None) -> bool:
@@ -41,7 +49,8 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     """Embedding (token table or linear patch projection) + learned positions, N blocks, final norm,
-    mean pooling over positions (padding excluded) and a linear head."""
+    pooling (the mean over positions, padding excluded; or the last word's, ``Pooling.LAST``) and a
+    linear head."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -119,6 +128,8 @@ class Transformer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = self.features(x)  # (B, T, C)
         kept = self.kept_positions(x)
+        if self.config.pooling is Pooling.LAST and kept is not None:  # the next word's logits
+            return self.head(last_kept(h, kept))
         if kept is not None:
             keep = kept.unsqueeze(-1).to(h.dtype)  # (B, T, 1): mean over non-padding positions
             pooled = (h * keep).sum(1) / keep.sum(1).clamp_min(1.0)

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.config import InputKind, NormKind
+from models.config import InputKind, NormKind, Pooling
 from models.fold import fold_norms
 from models.layers import activation_fn
-from models.transformer import Block, Transformer
+from models.transformer import Block, Transformer, last_kept
 from quant.config import QuantConfig
 from quant.ir import Graph, OverflowPolicy
 from quant.lowering import Fitted, Lowering, QValue, Range
@@ -67,7 +67,9 @@ class QuantizedProgram:
         return self.input_quantizer.clipped_count(x[..., :-1] if self.masked else x)
 
     def dequantize_output(self, y: np.ndarray) -> np.ndarray:
-        return decode_output(y, self.output_scale, self.client_pools, self.masked)
+        return decode_output(
+            y, self.output_scale, self.client_pools, self.masked, self.model.config.pooling
+        )
 
     # ---------------------------------------------------------------------------------- evaluation
     def run_int(self, x_int: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR):
@@ -222,10 +224,14 @@ def masked_pooled_head(low: Lowering, model: Transformer, h: QValue, m: QValue) 
     """The head per position of a padded input, W h_t + b, beside the mask m_t: (T, n_out + 1).
     The client weighs the decrypted rows by m_t and divides by Σ m_t, its number of words, which
     the server never learns (:func:`~quant.quantizer.decode_output` with ``masked``): the masked
-    mean pooling of the float model, at no cost in the program."""
+    mean pooling of the float model, at no cost in the program. A next-word model
+    (``Pooling.LAST``) outputs the same, and the client keeps its last word's row."""
     y = low.linear(h, model.head.weight, model.head.bias, "head", "head")
     out = low.graph.add("head.out", "concat", (y.node, m.node), axis=-1)
-    pooled = (y.fake * m.fake).sum(dim=-2) / m.fake.sum(dim=-2).clamp_min(1.0)
+    if model.config.pooling is Pooling.LAST:
+        pooled = last_kept(y.fake, m.fake[..., 0] > 0.5)
+    else:
+        pooled = (y.fake * m.fake).sum(dim=-2) / m.fake.sum(dim=-2).clamp_min(1.0)
     return QValue(out, y.scale, pooled)
 
 

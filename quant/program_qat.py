@@ -29,6 +29,7 @@ from models.training import TrainConfig, seed_everything
 from models.transformer import Transformer
 from quant.config import DEFAULT_CALIB_SAMPLES, QuantConfig
 from quant.export import QuantizedProgram, export, lower_transformer
+from quant.ir import OverflowPolicy
 from quant.lowering import Fitted, Lowering
 
 
@@ -58,7 +59,7 @@ def twin_forward(
 
 
 def program_score(program: QuantizedProgram, task: TaskData) -> float:
-    out = program.forward(task.x_test, policy="clip")
+    out = program.forward(task.x_test, policy=OverflowPolicy.CLIP)
     return task.score(torch.from_numpy(np.asarray(out)), task.y_test)
 
 

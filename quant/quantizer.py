@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from models.config import Pooling
+
 
 @dataclass(frozen=True)
 class Quantizer:
@@ -73,13 +75,39 @@ def mean_over_words(per_position: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return (per_position * mask).sum(axis=-2) / np.maximum(mask.sum(axis=-2), 1.0)
 
 
-def decode_output(y: np.ndarray, scale, client_pools: bool, masked: bool = False) -> np.ndarray:
+def last_word(per_position: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """(..., T, n) per-position outputs and their (..., T, 1) 0/1 key mask → (..., n), the row of
+    the last position that holds a word (a next-word model's logits; position 0 when none does):
+    :func:`models.transformer.last_kept` on the client's decrypted outputs."""
+    order = np.arange(mask.shape[-2])
+    last = ((mask[..., 0] > 0.5) * order).argmax(-1)  # (...,)
+    return np.take_along_axis(per_position, last[..., None, None], axis=-2)[..., 0, :]
+
+
+def pool_words(
+    per_position: np.ndarray, mask: np.ndarray, pooling: Pooling | str = Pooling.MEAN
+) -> np.ndarray:
+    """The client's pooling of a padded text model's decrypted per-position outputs: the mean over
+    its words, or its last word's row (:class:`~models.config.Pooling`)."""
+    if Pooling(pooling) is Pooling.LAST:
+        return last_word(per_position, mask)
+    return mean_over_words(per_position, mask)
+
+
+def decode_output(
+    y: np.ndarray,
+    scale,
+    client_pools: bool,
+    masked: bool = False,
+    pooling: Pooling | str = Pooling.MEAN,
+) -> np.ndarray:
     """The client's decoding of the program's integer output: times its scale, then (for a program
     that outputs per-token logits, ``client_pools``) summed over the token axis. ``masked``: the
-    last column holds the key mask, and the sum is divided by the number of words (the masked mean
-    pooling of a padded text model; quant.export.masked_pooled_head)."""
+    last column holds the key mask, and the rows are pooled over the words by ``pooling`` (the
+    masked mean of a padded text model, quant.export.masked_pooled_head, or the last word's
+    row)."""
     y = np.asarray(y, dtype=np.float64)
     if masked:
-        return mean_over_words(y[..., :-1] * np.asarray(scale, dtype=np.float64), y[..., -1:])
+        return pool_words(y[..., :-1] * np.asarray(scale, dtype=np.float64), y[..., -1:], pooling)
     out = y * np.asarray(scale, dtype=np.float64)
     return out.sum(axis=-2) if client_pools else out

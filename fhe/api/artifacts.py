@@ -26,6 +26,7 @@ class ArtifactRun:
     logits: np.ndarray
     seconds: float
     notes: tuple[str, ...] = ()
+    labels: tuple[str, ...] | None = None  # the outputs' names (a next-word model's words)
 
     @property
     def prediction(self) -> int:
@@ -33,11 +34,22 @@ class ArtifactRun:
 
     def describe(self) -> str:
         scheme = ", CKKS" if Scheme(self.scheme) is Scheme.CKKS else ""
-        what = "text" if self.sample is None else f"sample {self.sample}: label {self.label},"
+        what = (
+            "text"
+            if self.sample is None
+            else f"sample {self.sample}: label {named(self.label, self.labels)},"
+        )
         return (
-            f"{what} encrypted prediction {self.prediction} "
+            f"{what} encrypted prediction {named(self.prediction, self.labels)} "
             f"({self.seconds:.1f} s{scheme}); logits {np.round(self.logits, 3).tolist()}"
         )
+
+
+def named(output: int | None, labels: tuple[str, ...] | None) -> str:
+    """An output index, with its name when the model has them: ``3 ("of")``."""
+    if output is None or not labels or not 0 <= output < len(labels):
+        return str(output)
+    return f'{output} ("{labels[output]}")'
 
 
 def load_task_of_artifact(meta: dict, data_dir: str | Path | None = None):
@@ -122,9 +134,12 @@ def run_artifact(
     else:
         logits = local.decrypt(server.run(local.encrypt(x[None]), local.refresh(server.context)))[0]
     seconds = time.perf_counter() - start
-    notes = tuple(client.warnings)
+    note = client.text.truncation_note(text) if text is not None and client.text else None
+    notes = tuple(client.warnings) + ((note,) if note else ())
     shown = None if text is not None else sample
-    return ArtifactRun(client.scheme, shown, label, np.asarray(logits).reshape(-1), seconds, notes)
+    labels = client.text.labels if client.text is not None else None
+    logits = np.asarray(logits).reshape(-1)
+    return ArtifactRun(client.scheme, shown, label, logits, seconds, notes, labels)
 
 
 def _open_server(scheme: str, folder: Path):

@@ -9,7 +9,7 @@ from pathlib import Path
 from fhe.api._common import option_field
 from fhe.api.recipes import Recipe
 from fhe.errors import BadOptionError, FheError
-from models.config import Activation, AttentionKind, InputKind, NormKind
+from models.config import Activation, AttentionKind, InputKind, NormKind, Pooling
 from models.presets import PRESETS
 
 # ------------------------------------------------------------------------------------------
@@ -43,10 +43,10 @@ class TrainRequest:
     )  # False: a default; --init's kind wins
     recipe: str | None = option_field(
         None,
-        "A named recipe for the task (digits, imdb): tfhe (small lookups; digits: the make demo "
-        "model), ckks (shallow polynomials) or ckks-deep (digits: the PowerSoftmax paper's "
-        "LayerNorm, GELU, 2 blocks; --engine auto bootstraps it); it sets every option you do "
-        "not give.",
+        "A named recipe for the task (digits, imdb, imdb-lm): tfhe (small lookups; digits: the "
+        "make demo model), ckks (shallow polynomials) or ckks-deep (digits: the PowerSoftmax "
+        "paper's LayerNorm, GELU, 2 blocks; --engine auto bootstraps it); it sets every option "
+        "you do not give.",
         choices=_values(Recipe),
     )
     layers: int | None = option_field(
@@ -84,7 +84,7 @@ class TrainRequest:
     causal: bool = option_field(
         False,
         "Query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask; dot-product, "
-        "Inhibitor kinds, PowerSoftmax).",
+        "Inhibitor kinds, PowerSoftmax). Always on for imdb-lm (next-word prediction).",
     )
     epochs: int | None = option_field(
         None,
@@ -324,7 +324,9 @@ def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
         from models.text import embedded_task, join_text_model, split_text_model
 
         try:
-            text, inner = split_text_model(result.model, data.meta["vocab"])
+            text, inner = split_text_model(
+                result.model, data.meta["vocab"], data.meta.get("labels")
+            )
         except ValueError as exc:
             raise BadOptionError(f"--qat-bits: {exc}") from exc
         qat = train_program(inner, embedded_task(data, text), quant, qat_config, progress=progress)
@@ -399,7 +401,7 @@ def _training_setup(req: TrainRequest):
             d_ff=req.d_ff,
             tie_qk=req.tie_qk,
             mask_padding=req.mask_padding,
-            causal=req.causal,
+            causal=req.causal or data.pooling is Pooling.LAST,  # next-word: reads left to right
             n_layers=req.layers or preset.n_layers,
             norm=req.norm,
             ffn_activation=req.ffn_activation,
@@ -483,7 +485,8 @@ def load_for_encryption(
     from models.text import NoEncryptedTextError, embedded_task, split_text_model
 
     try:
-        text, model = split_text_model(ckpt.model, (ckpt.task.get("meta") or {})["vocab"])
+        meta = ckpt.task.get("meta") or {}
+        text, model = split_text_model(ckpt.model, meta["vocab"], meta.get("labels"))
     except (NoEncryptedTextError, KeyError) as exc:
         raise BadOptionError(f"{model_path}: {exc}") from exc
     return EncryptionInputs(dataclasses.replace(ckpt, model=model), embedded_task(data, text), text)

@@ -264,6 +264,7 @@ def chebyshev_fit(
             best = PolyFit(tuple(float(c) for c in coeffs), mid, half, err)
         if err <= tol:
             return best
+    assert best is not None, f"max_degree must be >= 1, got {max_degree}"
     raise ApproximationError(
         f"{name} on [{lo:.3g}, {hi:.3g}] needs a polynomial of degree > {max_degree} for error "
         f"{tol:g} (degree {best.degree} reaches {best.max_error:.3g}); shrink the interval with "
@@ -403,4 +404,5 @@ def power_even(ar: Arith, x: Val, p: int) -> Val:
         k >>= 1
         if k:
             base = ar.square(base)
+    assert result is not None, f"p must be a positive even integer, got {p}"
     return result

@@ -155,6 +155,7 @@ class Arith:
             self._count("rescale")
             term = Val(self._mul_scalar(v.data, w), v.level + 1)
             out = term if out is None else self.add(out, term)
+        assert out is not None  # pairs holds at least one term
         return self._out(self.add_scalar(out, bias).data, out.level)
 
     # ------------------------------------------------------- packed layout (one sample in the
@@ -225,7 +226,7 @@ class Arith:
 
     # ---------------------------------------------------------------- reporting
     def summary(self) -> dict:
-        totals = Counter()
+        totals: Counter[str] = Counter()
         for c in self.counts.values():
             totals.update(c)
         return {

@@ -24,7 +24,7 @@ from fhe.ckks.program import (
     PolyProgram,
     build_program,
     pool_outputs,
-    pool_words,
+    pool_positions,
 )
 from fhe.ckks.serialize import load_program, save_program
 from fhe.errors import KeysMissingError, SecretKeyLeakError
@@ -89,13 +89,17 @@ def words_pooling(config) -> dict | None:
     the artifact), or None."""
     if not config.key_mask_column:
         return None
-    return {"seq_len": config.seq_len, "n_outputs": config.n_outputs}
+    return {
+        "seq_len": config.seq_len,
+        "n_outputs": config.n_outputs,
+        "pooling": config.pooling.value,
+    }
 
 
 def client_pooled(meta: dict, y: np.ndarray) -> np.ndarray:
     """The client's decrypted outputs, pooled over its words when the artifact says so."""
     pooling = meta.get("words_pooling")
-    return pool_words(y, **pooling) if pooling else y
+    return pool_positions(y, **pooling) if pooling else y
 
 
 def decrypt_all(ctx: ts.Context, cts: list) -> np.ndarray:
@@ -364,11 +368,13 @@ def plan_program(program: PolyProgram, x: np.ndarray, params: CkksParams) -> tup
 
 class CkksServer:
     """The server side from ``save()``'s server/ folder: program + public context (no secret
-    key)."""
+    key). ``verified``: the caller has just checked the folder against its manifest (the service's
+    ``artifact_info``), so its files (GBs of Galois keys, packed) are not hashed again."""
 
-    def __init__(self, directory) -> None:
+    def __init__(self, directory, verified: bool = False) -> None:
         directory = Path(directory)
-        verify(directory, "server")
+        if not verified:
+            verify(directory, "server")
         self.context = ts.context_from((directory / "context.public").read_bytes())
         if self.context.has_secret_key():
             raise RuntimeError(f"{directory} holds a secret key: refusing to serve from it")

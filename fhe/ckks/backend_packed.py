@@ -236,8 +236,8 @@ class PackedCkksBackend(CkksBackend):
 class PackedServer(CkksServer):
     """The server side from ``save()``'s server/ folder (no secret key), with its Galois keys."""
 
-    def __init__(self, directory) -> None:
-        super().__init__(directory)
+    def __init__(self, directory, verified: bool = False) -> None:
+        super().__init__(directory, verified)
         self.packed = PackedProgram(self.program, self.plan["slots"])
         self.directory = Path(directory)
         self._galois_keys: sa.GaloisKeys | None = None

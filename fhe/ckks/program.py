@@ -27,10 +27,17 @@ from fhe.ckks.affine import Affine, per_position
 from fhe.ckks.arith import Arith, ClearArith, Val
 from fhe.ckks.mixers import NoPolyLoweringError, poly_mixer
 from fhe.errors import FheError
-from models.config import Activation, AttentionKind, InputKind, NormKind, TransformerConfig
+from models.config import (
+    Activation,
+    AttentionKind,
+    InputKind,
+    NormKind,
+    Pooling,
+    TransformerConfig,
+)
 from models.fold import fold_norms
 from models.transformer import Transformer
-from quant.quantizer import mean_over_words
+from quant.quantizer import pool_words
 
 
 class PolynomialError(FheError):
@@ -280,16 +287,21 @@ class PolyProgram:
 
 def pool_outputs(config: TransformerConfig, y: np.ndarray) -> np.ndarray:
     """The client's last step on decrypted outputs: for a padded text model, (…, T·(n + 1)) per
-    position logits and mask → the mean of the words' logits (…, n), the masked mean pooling of
-    the float model (the server never learns how many words there are); else ``y`` unchanged."""
-    return pool_words(y, config.seq_len, config.n_outputs) if config.key_mask_column else y
+    position logits and mask → (…, n), pooled over the words as the float model pools them (the
+    masked mean, or a next-word model's last word; the server never learns how many words there
+    are); else ``y`` unchanged."""
+    if not config.key_mask_column:
+        return y
+    return pool_positions(y, config.seq_len, config.n_outputs, config.pooling)
 
 
-def pool_words(y: np.ndarray, seq_len: int, n_outputs: int) -> np.ndarray:
-    """(…, T·(n + 1)) per-position logits and key mask → (…, n), the mean over the words."""
+def pool_positions(
+    y: np.ndarray, seq_len: int, n_outputs: int, pooling: Pooling | str = Pooling.MEAN
+) -> np.ndarray:
+    """(…, T·(n + 1)) per-position logits and key mask → (…, n), pooled over the words."""
     y = np.asarray(y, dtype=np.float64)
     per = y.reshape(*y.shape[:-1], seq_len, n_outputs + 1)
-    return mean_over_words(per[..., :-1], np.round(per[..., -1:]))  # m: 0 or 1, up to CKKS noise
+    return pool_words(per[..., :-1], np.round(per[..., -1:]), pooling)  # m: 0 or 1, up to noise
 
 
 def encode_clear(ar: ClearArith, x: np.ndarray | torch.Tensor) -> list[Val]:

@@ -58,7 +58,11 @@ def quantize_input(meta: dict, x: np.ndarray) -> np.ndarray:
 def dequantize_output(meta: dict, y: np.ndarray) -> np.ndarray:
     """The TFHE client's decoding of a decrypted output, from the artifact's metadata."""
     return decode_output(
-        y, meta["output_scale"], meta.get("client_pools", False), meta.get("masked", False)
+        y,
+        meta["output_scale"],
+        meta.get("client_pools", False),
+        meta.get("masked", False),
+        meta.get("model_config", {}).get("pooling", "mean"),
     )
 
 
@@ -115,7 +119,14 @@ class Client:
         embedding table, positions), None for a model of feature vectors."""
         from models.text import TEXT_JSON, TextEncoder
 
-        return TextEncoder.load(self.folder) if (self.folder / TEXT_JSON).exists() else None
+        if not (self.folder / TEXT_JSON).exists():
+            return None
+        from safetensors import SafetensorError
+
+        try:
+            return TextEncoder.load(self.folder)
+        except (ValueError, KeyError, OSError, SafetensorError) as exc:  # a mismatched front end
+            raise FheError(f"{self.folder}: the text front end cannot be read: {exc}") from exc
 
     def encode_text(self, text: str) -> np.ndarray:
         """One text as the (T, d_model) vectors this model's program reads (in the clear, here)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quant.ir import FREE_OPS, Graph
+from quant.ir import FREE_OPS, Graph, OverflowPolicy
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def first_divergence(
     from fhe.tfhe.backend import TfheBackend
 
     record: dict[str, np.ndarray] = {}
-    graph.run(x_int, "clip", record=record)
+    graph.run(x_int, OverflowPolicy.CLIP, record=record)
     candidates = [
         n for n, node in graph.nodes.items() if node.op not in FREE_OPS and node.op != "input"
     ]

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from fhe.errors import FheError
 from quant import QuantConfig
+from quant.config import RangeMode
 from quant.ir import value_bits
 
 DEFAULT_QUANT = QuantConfig(
@@ -36,7 +37,7 @@ DEFAULT_QUANT = QuantConfig(
     input_bits=4,
     attention_bits=3,
     lut_bits=5,
-    range_mode="percentile",
+    range_mode=RangeMode.PERCENTILE,
     client_pooling=True,
     fold_last_residual=True,
     attention_lut_bits=4,

@@ -1,4 +1,5 @@
-"""Tasks: the adding problem, sklearn digits, MNIST and IMDB, loaded from path options."""
+"""Tasks: the adding problem, sklearn digits, MNIST, IMDB sentiment and IMDB next-word
+prediction, loaded from path options."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from pathlib import Path
 
 from models.tasks.base import DataFileError, Metric, TaskData, score
 
-TASKS = ("adding", "digits", "mnist", "imdb")
+TASKS = ("adding", "digits", "mnist", "imdb", "imdb-lm")
 
 
 def default_data_dir(task: str) -> Path:
     """``FHE_<TASK>_DIR``, else ``FHE_DATA_DIR/<task>``, else ``../shared/data/<task>`` beside the
-    repo."""
+    repo (imdb-lm reads the imdb files)."""
+    task = "imdb" if task == "imdb-lm" else task
     env = os.environ.get(f"FHE_{task.upper()}_DIR")
     if env:
         return Path(env)
@@ -30,7 +32,8 @@ def load_task(
     limit: int | None = None,
     patch: int | None = None,
 ) -> TaskData:
-    """Loads a task by name. ``seq_len`` applies to adding (default 100) and imdb (default 128);
+    """Loads a task by name. ``seq_len`` applies to adding (default 100), imdb (default 128) and
+    imdb-lm (default 16);
     ``patch`` (digits, mnist) makes tokens of patch×patch pixels instead of rows; ``limit`` caps the
     number of training samples (quick runs)."""
     if patch is not None and name not in ("digits", "mnist"):
@@ -51,6 +54,10 @@ def load_task(
         from models.tasks.imdb import load_imdb
 
         data = load_imdb(data_dir or default_data_dir("imdb"), seq_len=seq_len or 128)
+    elif name == "imdb-lm":
+        from models.tasks.imdb_lm import load_imdb_lm
+
+        data = load_imdb_lm(data_dir or default_data_dir("imdb"), seq_len=seq_len or 16)
     else:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     if limit is not None:

@@ -9,7 +9,7 @@ from enum import Enum
 import torch
 from torch import Tensor
 
-from models.config import InputKind
+from models.config import InputKind, Pooling
 
 
 class Metric(str, Enum):
@@ -31,6 +31,7 @@ class TaskData:
     n_outputs: int
     metric: Metric
     meta: dict = field(default_factory=dict)  # what is needed to rebuild inputs (e.g. a vocabulary)
+    pooling: Pooling = Pooling.MEAN  # LAST: a next-word task (the label follows the last word)
 
     @property
     def seq_len(self) -> int:

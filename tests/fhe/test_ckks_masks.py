@@ -71,20 +71,25 @@ def test_causal_polynomial_programs_equal_the_causal_float_model(kind):
 
 
 @pytest.mark.parametrize(
-    ("kind", "causal"),
+    ("kind", "causal", "pooling"),
     [
-        ("power-softmax", False),
-        ("power-softmax", True),
-        ("activator", False),
-        ("dot-product", False),
-        ("dot-product", True),
-        ("inhibitor", False),
-        ("signed-inhibitor", True),
+        ("power-softmax", False, "mean"),
+        ("power-softmax", True, "mean"),
+        ("power-softmax", True, "last"),  # a next-word model: the client keeps the last word's row
+        ("activator", False, "mean"),
+        ("dot-product", False, "mean"),
+        ("dot-product", True, "mean"),
+        ("inhibitor", False, "mean"),
+        ("signed-inhibitor", True, "mean"),
     ],
-    ids=lambda v: v if isinstance(v, str) else ("causal" if v else "full"),
+    ids=lambda v: {True: "causal", False: "full"}.get(v, v) if not isinstance(v, str) else v,
 )
-def test_a_padded_review_gives_its_unpadded_logits_through_the_polynomial_programs(kind, causal):
-    token_model = _model(causal, kind, in_features=len(VOCAB), n_outputs=2, input_kind="tokens")
+def test_a_padded_review_gives_its_unpadded_logits_through_the_polynomial_programs(
+    kind, causal, pooling
+):
+    token_model = _model(
+        causal, kind, in_features=len(VOCAB), n_outputs=2, input_kind="tokens", pooling=pooling
+    )
     n_tok = _len(kind)
     ids = torch.randint(2, len(VOCAB), (2040, n_tok))
     for i, n in enumerate(torch.randint(1, n_tok + 1, (2040,)).tolist()):

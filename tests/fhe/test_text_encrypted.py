@@ -145,17 +145,18 @@ def test_a_padded_text_model_runs_encrypted_with_its_mask_encrypted(corpus, tmp_
     np.testing.assert_array_equal(run.logits, dequantize_output(client.meta, clear[0]).reshape(-1))
 
 
-def test_a_causal_padded_text_model_runs_encrypted_under_ckks_packed(corpus, tmp_path):
-    """Causal PowerSoftmax over padded word positions: Eq. 11's mask folded into the head-sum
-    masks, K of a padding key times its encrypted mask (one product), ε once per kept key, and the
-    client pools the per-position logits over its words."""
+def test_a_next_word_model_runs_encrypted_under_ckks_packed(corpus, tmp_path):
+    """A small causal language model (`--task imdb-lm`: the word after a padded window) under
+    PowerSoftmax: Eq. 11's mask folded into the head-sum masks, K of a padding key times its
+    encrypted mask (one product), ε once per kept key; the program returns every position's logits
+    beside the mask and the client keeps its last word's row."""
     model = tmp_path / "m.pt"
     res = CliRunner().invoke(
         main,
-        ["train", "--task", "imdb", "--data-dir", str(corpus), "--seq-len", "4", "--d-model", "4",
-         "--heads", "1", "--norm", "none", "--causal", "--attention", "power-softmax",
+        ["train", "--task", "imdb-lm", "--data-dir", str(corpus), "--seq-len", "4", "--d-model",
+         "4", "--heads", "1", "--norm", "none", "--attention", "power-softmax",
          "--power-form", "length-agnostic", "--power-p", "2", "--power-eps", "1",
-         "--ffn-activation", "quad", "--epochs", "6", "--lr", "1e-2", "--quiet", "-o", str(model)],
+         "--ffn-activation", "quad", "--epochs", "3", "--lr", "1e-2", "--quiet", "-o", str(model)],
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     # no artifacts: saving N = 32768 Galois keys (2 GB) and `fhe run` on them took ~2 min
@@ -202,17 +203,40 @@ def test_masks_are_refused_under_ckks_where_they_have_no_lowering():
         check_model(cfg.replace(attention=kind, causal=True))  # every kind with a causal option
 
 
-def test_a_causal_text_model_runs_encrypted_under_tfhe(corpus, tmp_path):
-    """PowerSoftmax paper Eq. 11's mask (query i reads segments j <= i): the compile's own check
-    runs one encrypted sample against the clear integer program (equal)."""
-    model = _train(
-        corpus, tmp_path / "causal.pt", "--causal", "--attention", "inhibitor", "--tie-qk"
-    )
+def test_a_next_word_model_runs_encrypted_under_tfhe(corpus, tmp_path):
+    """A small causal language model (`--task imdb-lm`, PowerSoftmax paper Eq. 11's mask): the
+    client sends its padded words and their key mask, encrypted; the program returns every
+    position's logits beside the mask, equal to the clear integer program, and the client keeps
+    the last word's row and names the predicted word."""
+    from fhe.api import run_artifact
+    from fhe.deploy.client import Client, quantize_input
+    from quant.ir import OverflowPolicy
+
+    model = tmp_path / "lm.pt"
+    res = CliRunner().invoke(
+        main,
+        ["train", "--task", "imdb-lm", "--data-dir", str(corpus), "--seq-len", "4", "--d-model",
+         "4", "--heads", "1", "--norm", "none", "--attention", "inhibitor", "--tie-qk",
+         "--epochs", "3", "--lr", "1e-2", "--quiet", "-o", str(model)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
     out = tmp_path / "art"
     res = _compile(model, corpus, out, *SMALL_TFHE)
     assert "encrypted output equals the clear integer program: True" in res.output
-    res = CliRunner().invoke(main, ["run", str(out), "--text", "Boring and awful, the worst."])
-    assert res.exit_code == 0 and "text encrypted prediction" in res.output, res.output
+    client = Client(out / "client")
+    labels = client.text.labels
+    assert client.text.padded and labels and client.meta["model_config"]["causal"]
+    text = "Boring and"  # 2 words in a bucket of 4
+    res = CliRunner().invoke(main, ["run", str(out), "--text", text])
+    word = re.search(r'text encrypted prediction (\d+) \("([^"]+)"\)', res.output)
+    assert res.exit_code == 0 and word, res.output
+    assert labels[int(word.group(1))] == word.group(2)
+    run = run_artifact(out, text=text)
+    x = quantize_input(client.meta, client.encode_text(text))
+    clear, _ = client.local.program.run(x[None], OverflowPolicy.CLIP)  # (1, T, n_out + 1)
+    assert clear[0, :, -1].tolist() == [1, 1, 0, 0]
+    scale = np.asarray(client.meta["output_scale"], dtype=np.float64)
+    np.testing.assert_array_equal(run.logits, clear[0, 1, :-1] * scale)  # the second word's row
 
 
 def test_a_text_models_cost_per_length(corpus, tmp_path):

@@ -1,5 +1,7 @@
 """The text front end (models/text.py): segment means, the client/program split, its files."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -97,6 +99,10 @@ def test_the_encoder_round_trips_through_json_and_safetensors(tmp_path):
     ids = back.ids([text])
     assert ids[0, :9].tolist() == [1, 2, 4, 1, 6, 5, 1, 7, 1] and ids[0, 9:].eq(0).all()
     np.testing.assert_allclose(back.encode([text]), encoder.encode([text]), atol=1e-6)
+    meta = json.loads((tmp_path / "text.json").read_text())
+    (tmp_path / "text.json").write_text(json.dumps({**meta, "vocab": meta["vocab"][:-1]}))
+    with pytest.raises(ValueError, match="the vocabulary does not match the model"):
+        TextEncoder.load(tmp_path)  # another model's vocabulary: refused, not a wrong answer
     (tmp_path / "text.json").write_text('{"tokenizer": "bpe", "words": 3, "vocab": []}')
     with pytest.raises(ValueError, match="unknown tokenizer"):
         TextEncoder.load(tmp_path)
