@@ -68,7 +68,7 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     # make demo's CKKS model: depth 10, one packed query at N = 16384
     # (benchmarks/results/ckks_packed_digits_quad-batchnorm.md)
     ("digits", Recipe.CKKS): dict(**SHALLOW_POLYNOMIAL, d_model=16, heads=2, epochs=120),
-    # 2 blocks at depth 88: 51 bootstraps per query (benchmarks/results/ckks_deep.md)
+    # 2 blocks at depth 88: 31 bootstraps per query (benchmarks/results/ckks_deep.md)
     ("digits", Recipe.CKKS_DEEP): dict(**POLYNOMIAL_GELU, d_model=16, heads=2, layers=2, epochs=40),
     # text (docs/text.md): K = Q and one head of 8 keep the T² Inhibitor lookups at 2048; a short
     # QAT at the TFHE defaults (6-bit activations, 3-bit Q/K/V) (benchmarks/results/text.md)

@@ -150,6 +150,7 @@ def newton_invsqrt(ar: Arith, z: Val, guess: tuple[float, float], steps: Steps) 
     With (a, b) = (1.5, 0.5) this is Newton's y(3 − z y²)/2. Written as a·y − (b·z·y)·y², the
     products y² and (−b z)·y run side by side: two levels per step instead of three.
     """
+    z = ar.before_fanout(z, 3)  # each step: −b·z, then two products; z renewed once, not each step
     y = ar.lincomb([z], [guess[1]], guess[0])
     for a, b in steps:
         cube = ar.mul(ar.square(y), ar.mul(ar.lincomb([z], [-b]), y))  # −b·z·y³
@@ -345,6 +346,9 @@ def poly_eval(ar: Arith, t: Val, coeffs: tuple[float, ...]) -> Val:
     ks = [k for k in range(1, len(coeffs)) if coeffs[k] != 0]
     if not ks:
         return ar.add_scalar(ar.lincomb([t], [0.0]), coeffs[0])
+    # the powers and the weighted sum: ⌈log₂ max k⌉ + 1 levels; t renewed once when they would not
+    # fit, rather than each exhausted power before the sum
+    powers[1] = ar.before_fanout(t, (max(ks) - 1).bit_length() + 1)
     return ar.lincomb([power(k) for k in ks], [coeffs[k] for k in ks], coeffs[0])
 
 

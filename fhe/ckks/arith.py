@@ -8,7 +8,10 @@ operations per stage tag, tracks levels and, only when asked, renews an operand 
 the chain's depth: a labelled client-assisted refresh (``refresh=True``: the data owner decrypts and
 re-encrypts) or a server-side bootstrap (``bootstrap=True``, engines that have one). Renewal is
 just in time: an operand is renewed when its next product would not fit, so a chain of products
-gets the fewest renewals, one every ``max_depth`` levels.
+gets the fewest renewals, one every ``max_depth`` levels. A value that fans out into several
+derived values, each about to take products (:meth:`Arith.before_fanout`: rotated copies, q and
+k before the scores, z in every Newton step, a polynomial's input), is bootstrapped once before,
+when those products would not fit, rather than each derived value later.
 
 Because the clear and the encrypted evaluation run the same program through the same bookkeeping,
 the clear run predicts the encrypted run's depth, operation counts and refreshes exactly.
@@ -82,10 +85,7 @@ class Arith:
         if self.max_depth is None or v.level + 1 <= self.max_depth:
             return v
         if self.bootstrap:
-            self._count("bootstrap")
-            self.bootstraps.append(self.tag)
-            v.data, v.level = self._bootstrap(v.data), 0  # in place, as a refresh
-            return v
+            return self._bootstrap_in_place(v)
         if not self.refresh:
             raise DepthExceededError(
                 f"stage {self.tag!r} needs level {v.level + 1}, beyond the chain's depth "
@@ -97,6 +97,12 @@ class Arith:
             self._refresh(v.data),
             0,
         )  # in place: every later use sees the fresh ciphertext
+        return v
+
+    def _bootstrap_in_place(self, v: Val) -> Val:
+        self._count("bootstrap")
+        self.bootstraps.append(self.tag)
+        v.data, v.level = self._bootstrap(v.data), 0  # in place, as a refresh
         return v
 
     def _out(self, data: Any, level: int) -> Val:
@@ -170,11 +176,20 @@ class Arith:
         self.rotation_steps[step] += 1
         return self._out(self._rotate(a.data, step), a.level)
 
-    def before_fanout(self, v: Val) -> Val:
-        """``v``, about to be rotated into copies that each meet a product (baby steps, shifted
-        keys): bootstrapped first if exhausted, once, instead of once per copy. Other renewals
-        (and every client refresh) stay just in time."""
-        return self._ready(v) if self.bootstrap else v
+    def before_fanout(self, v: Val, levels: int = 1) -> Val:
+        """``v``, about to fan out into values that each take ``levels`` more products (rotated
+        copies that each meet a product: baby steps, shifted keys; q and the shifted k, whose
+        products are masked; z in every Newton step; a polynomial's powers): bootstrapped first,
+        once, when those products would not fit its chain, instead of once per derived value
+        later. Where ``levels`` exceed a fresh chain, and for every client refresh, renewal
+        stays just in time."""
+        if not self.bootstrap:
+            return v
+        if levels == 1:
+            return self._ready(v)
+        if self.max_depth is None or levels > self.max_depth or v.level + levels <= self.max_depth:
+            return v
+        return self._bootstrap_in_place(v)
 
     def dot_plain(self, vals: Sequence[Val], plains: Sequence[np.ndarray]) -> Val:
         """Σ xᵢ ⊙ pᵢ with clear slot vectors pᵢ: one ct×pt product each, one rescale for the sum."""

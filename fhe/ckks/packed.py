@@ -174,10 +174,10 @@ class PackedProgram:
             apply_maps(ar, terms, self.placed((name,), aff.bias, dst), rot, self.n_slots), dst
         )
 
-    def shifted(self, ar: Arith, x: Val) -> list[Val]:
+    def shifted(self, ar: Arith, x: Val, levels: int = 1) -> list[Val]:
         """x rotated by r positions, r = 0 … T'−1, as a chain of one-position rotations (one Galois
-        key)."""
-        out = [ar.before_fanout(x)]
+        key); ``levels``: the products each copy takes next (:meth:`Arith.before_fanout`)."""
+        out = [ar.before_fanout(x, levels)]
         for _ in range(pow2(self.T) - 1):
             out.append(ar.rotate(out[-1], self.stride))
         return out

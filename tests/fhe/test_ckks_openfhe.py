@@ -62,6 +62,54 @@ def test_a_rotation_that_only_meets_additions_bootstraps_nothing():
     assert ar.summary()["op_counts"]["bootstrap"] == 1
 
 
+def test_a_value_that_fans_out_into_deep_products_is_renewed_once_before():
+    """``before_fanout(v, levels)``: bootstrapped now when the ``levels`` products each derived
+    value takes would not fit v's chain, not when they fit, nor when they exceed a fresh chain."""
+    ar = ClearArith(max_depth=4, bootstrap=True)
+    x = np.linspace(-1.0, 1.0, 8)
+    v = chain_of_squares(ar, x, 2)  # level 2: two more products fit, three do not
+    assert ar.before_fanout(v, 2) is v and ar.bootstraps == [] and v.level == 2
+    assert ar.before_fanout(v, 5).level == 2 and ar.bootstraps == []  # beyond any chain
+    assert ar.before_fanout(v, 3).level == 0 and ar.bootstraps == ["input"]
+    np.testing.assert_allclose(v.data, x**4)  # renewed in place, the value unchanged
+    no_engine = ClearArith(max_depth=4)
+    w = chain_of_squares(no_engine, x, 3)
+    assert no_engine.before_fanout(w, 3) is w and w.level == 3  # TenSEAL: stays just in time
+
+
+class JustInTime(ClearArith):
+    """The placement before early renewal: every bootstrap when an operand is exhausted."""
+
+    def before_fanout(self, v, levels=1):
+        return super().before_fanout(v) if levels == 1 else v
+
+
+def test_newton_and_polynomials_renew_their_input_once_not_each_derived_value():
+    """z enters every Newton step (−b·z, then two products): renewed once when those would not
+    fit, where the just-in-time rule bootstraps each step's −b·z; likewise a polynomial's input,
+    where each exhausted power would be bootstrapped before the weighted sum."""
+    from fhe.ckks import approx as A
+
+    z0 = np.linspace(0.2, 1.0, 8)
+    # (z's level, steps, bootstraps counted by hand: z once, then y once every 5 levels)
+    for level, n_steps, early in ((4, 3, 2), (3, 4, 2)):
+        counts = []
+        for ar in (ClearArith(5, bootstrap=True), JustInTime(5, bootstrap=True)):
+            z = ar.encode(z0)
+            for _ in range(level):  # z at that level, its values unchanged
+                z = ar.mul(z, ar.encode(np.ones(8)))
+            y = A.newton_invsqrt(ar, z, A.invsqrt_guess(0.2, 1.0), [(1.5, 0.5)] * n_steps)
+            np.testing.assert_allclose(y.data, 1 / np.sqrt(z0), rtol=3e-2)
+            counts.append(len(ar.bootstraps))
+        assert counts[0] == early < counts[1]  # just in time: −b·z renewed again and again
+    t0 = np.linspace(-0.9, 0.9, 8)
+    for ar, n in ((ClearArith(max_depth=5, bootstrap=True), 1), (JustInTime(5, bootstrap=True), 3)):
+        t = chain_of_squares(ar, t0, 3)  # level 3; a degree-7 sum needs 4 levels
+        p = A.poly_eval(ar, t, tuple(float(k) for k in range(8)))
+        np.testing.assert_allclose(p.data, np.polynomial.polynomial.polyval(t0**8, np.arange(8.0)))
+        assert len(ar.bootstraps) == n  # t once, not its exhausted powers
+
+
 def test_refresh_and_bootstrap_are_exclusive():
     with pytest.raises(ValueError, match="client .* or the server"):
         ClearArith(max_depth=2, refresh=True, bootstrap=True)
@@ -119,6 +167,29 @@ def test_encrypted_equals_the_clear_polynomial_program(compiled):
     np.testing.assert_allclose(got, want, atol=2e-3)
     assert np.array_equal(got.argmax(1), want.argmax(1))
     assert backend.last_run["op_counts"]["bootstrap"] == backend.report()["bootstraps"]
+
+
+def test_a_value_renewed_before_it_is_exhausted_decrypts_as_the_clear_chain(compiled):
+    """An early bootstrap (``before_fanout`` with levels to spare) on the OpenFHE worker: the value
+    comes back fresh, and the products after it decrypt as the clear chain."""
+    from fhe.ckks.arith import Val
+    from fhe.ckks.openfhe.engine import OpenFheArith
+
+    backend = compiled[0].backend
+    client, server = backend.client, backend.server
+    plan, depth = backend.plan, backend.plan.arith_depth
+    x = np.linspace(-1.0, 1.0, plan.slots)
+    ct = client.encrypt(x, plan.bootstrap_depth)
+    ar = OpenFheArith(server, depth)
+    v = Val(server.from_bytes(client.to_bytes(ct)), 0)
+    for _ in range(depth - 1):
+        v = ar.square(v)
+    v = ar.before_fanout(v, 2)  # one level left, two wanted: renewed now, not exhausted
+    assert ar.bootstraps == ["input"] and v.level == 0
+    v = ar.square(ar.square(v))
+    assert ar.bootstraps == ["input"]
+    got = client.decrypt(client.from_bytes(server.to_bytes(v.data)))[: plan.slots]
+    np.testing.assert_allclose(got, x ** (2 ** (depth + 1)), atol=1e-2)
 
 
 def test_artifacts_run_through_fhe_run_and_hold_no_secret_key(compiled, tmp_path):

@@ -98,7 +98,10 @@ def lower_packed_attention(
         return ("head_sum", r, "causal"), np.repeat(pk.causal_keep(n, r), C)[:, None] * sums
 
     with ar.stage(f"{tag}.scores"):
-        prods = [ar.mul(q.val, kr) for kr in pk.shifted(ar, k.val)]  # q_t · k_{(t+r) mod T'}
+        # q_t · k_{(t+r) mod T'}, then one masked sum or map: two levels on every product, so q
+        # and k are renewed once here (bootstrapping engines) rather than each product later
+        qv = ar.before_fanout(q.val, 2)
+        prods = [ar.mul(qv, kr) for kr in pk.shifted(ar, k.val, 2)]
         if packed and dh == pow2(dh):
             # Σ over each head's channels lands on its first channel (log₂ dh rotations); one masked
             # sum
