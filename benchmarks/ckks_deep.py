@@ -1,7 +1,7 @@
 """Deep CKKS models with no client in the loop: the OpenFHE engine's bootstraps (issue 28).
 
     python benchmarks/ckks_deep.py                      # the three models, 1 encrypted sample each
-    python benchmarks/ckks_deep.py --only gelu-1 --n 3
+    python benchmarks/ckks_deep.py --only gelu-1 --n 3   # rerun one model, keep the others
     python benchmarks/ckks_deep.py --plan-only layernorm-gelu-4   # that one planned, not run
 
 Each model is trained on digits (fhe.api), then:
@@ -117,28 +117,49 @@ def summary(name, train, outcome, clear, rep, rows, peak) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", default=",".join(MODELS), help="models, comma-separated")
+    parser.add_argument(
+        "--only", default=None, help="models, comma-separated (rerun: the others are kept)"
+    )
     parser.add_argument("--n", type=int, default=1, help="encrypted samples per model")
     parser.add_argument("--plan-only", default="", help="models planned, not run (comma-separated)")
     args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     load = f"{os.getloadavg()[0]:.2f}"
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.only.split(","):
+        for name in names:
             print(f"{name} ...", flush=True)
             n = 0 if name in args.plan_only.split(",") else args.n
             results.append(run_model(name, MODELS[name][1], n, Path(tmp)))
+    command = command_line()
+    if args.only:  # rerun models: replace them in the saved table, keep the others
+        import json
+
+        from benchmarks._results import RESULTS
+
+        old = json.loads((RESULTS / "ckks_deep.json").read_text())
+        fresh = {r["name"]: r for r in results}
+        results = [fresh.pop(r["name"], r) for r in old["results"]] + list(fresh.values())
+        command = f"{old.get('command', 'python benchmarks/ckks_deep.py')}; then {command}"
+        load = f"{old['load']}, then {load}"
+    write_table(results, command, load)
+
+
+def write_table(results: list[dict], command: str, load: str) -> None:
     gib = 2**30
     lines = [
         "# Deep CKKS models on the OpenFHE engine: bootstraps, no refresh (issue 28)",
         "",
-        f"`{command_line()}`",
+        f"`{command}`",
         "",
         "Digits, trained by the script (fhe.api). Float and clear polynomial program on the whole "
         "test split; the encrypted runs are single queries on the first test samples (packed "
         "layout, N = 2^16, 128-bit), each against the clear polynomial program. Latency is one "
         "query, client encryption and decryption included, with OpenFHE on both cores. Load "
-        f"average {load} at the start (2 cores, shared).",
+        f"average at the start {load} (2 cores, shared).",
         "",
         "| model | float | poly. program | depth | bootstraps | encrypted == clear (argmax) "
         "| max error | latency / query (s) | keygen (s) | eval. keys (GiB) | server peak (GiB) |",
@@ -168,7 +189,7 @@ def main() -> None:
     for r in results:
         per = ", ".join(f"{t} {k}" for t, k in r["bootstraps_per_stage"].items())
         lines.append(f"- {MODELS[r['name']][0]}: {per}")
-    write_results("ckks_deep", lines, {"load": load, "results": results})
+    write_results("ckks_deep", lines, {"load": load, "command": command, "results": results})
     print("\n".join(lines))
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/text.py                       # the full table (about an hour on 2 cores)
     python benchmarks/text.py --quick               # one TFHE and one CKKS model, 2 samples
+    python benchmarks/text.py --row tfhe-inhibitor-L1-T16   # rerun one row, keep the others
 
 Each row is one model trained by ``fhe train --task imdb --recipe <scheme>`` (512 words pooled on
 the client into T segments, :mod:`models.text`), with the options of the row on top. For each:
@@ -252,6 +253,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two rows, 2 encrypted samples each")
     parser.add_argument("--only", default=None, help="rows whose name contains this")
+    parser.add_argument("--row", default=None, help="the row of exactly this name")
     parser.add_argument("--work", type=Path, default=Path("runs/text"), help="model files")
     parser.add_argument("--data-dir", default=None, help="IMDB folder (default ../shared/data)")
     parser.add_argument(
@@ -274,6 +276,10 @@ def main() -> None:
     rows = QUICK if args.quick else FULL
     if args.only:
         rows = [r for r in rows if args.only in r.name]
+    if args.row:
+        rows = [r for r in rows if r.name == args.row]
+    if not rows:
+        parser.error("no row matches --only / --row")
     args.work.mkdir(parents=True, exist_ok=True)
     load = f"{os.getloadavg()[0]:.2f}"
     results = []
@@ -289,7 +295,7 @@ def main() -> None:
         results.append(r)
     command = command_line()
     saved = {"rows": results, "load": load, "command": command}
-    if args.only:  # rerun rows: replace them in the saved table, keep the others
+    if args.only or args.row:  # rerun rows: replace them in the saved table, keep the others
         from benchmarks._results import RESULTS
 
         old = json.loads((RESULTS / f"{stem}.json").read_text())

@@ -21,6 +21,7 @@ class TokenBatchNorm(nn.BatchNorm1d):
 
     def inference_affine(self) -> tuple[Tensor, Tensor]:
         """(a, b) with eval-mode output x·a + b."""
+        assert self.running_var is not None and self.running_mean is not None  # tracked stats
         a = self.weight / torch.sqrt(self.running_var + self.eps)
         return a, self.bias - self.running_mean * a
 

@@ -45,11 +45,11 @@ class KindRegistry(Generic[T]):
     ) -> T:
         """The entry for ``kind``, else ``error("no lowering registered for <kind> under <where>[:
         fix]")``."""
-        kind = self.key(kind)
-        entry = self.entries.get(kind)
+        key = self.key(kind)
+        entry = self.entries.get(key)
         if entry is None:
             raise error(
-                f"no lowering registered for {kind.value} under {where}"
+                f"no lowering registered for {key.value} under {where}"
                 + (f": {fix}" if fix else "")
             )
         return entry

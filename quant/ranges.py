@@ -62,7 +62,7 @@ def widen_to_proven(graph: Graph, input_lo: int, input_hi: int) -> list[dict]:
     proven = proven_ranges(graph, input_lo, input_hi)
     grown = []
     for name, node in graph.nodes.items():
-        if node.lo is None:
+        if node.lo is None or node.hi is None:
             raise ValueError("calibrate the program before proving its ranges")
         before = node.bits
         node.lo, node.hi = min(node.lo, proven[name][0]), max(node.hi, proven[name][1])
@@ -85,7 +85,7 @@ def overflow_risks(graph: Graph, input_lo: int, input_hi: int) -> list[dict]:
     risks = []
     for name, node in graph.nodes.items():
         lo, hi = proven[name]
-        if node.lo is not None and node.op not in FREE_OPS and value_bits(lo, hi) > node.bits:
+        if node.bits is not None and node.op not in FREE_OPS and value_bits(lo, hi) > node.bits:
             risks.append(
                 {
                     "node": name,

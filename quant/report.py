@@ -27,14 +27,15 @@ def node_rows(graph: Graph) -> list[dict]:
 
 
 def program_summary(graph: Graph) -> dict:
-    lut_bits = [n.lut_input_bits(graph) for n in graph.nodes.values() if n.op == "lut"]
+    luts = [n for n in graph.nodes.values() if n.op == "lut"]
+    lut_bits = [b for n in luts if (b := n.lut_input_bits(graph)) is not None]  # calibrated
     per_tag: dict[str, int] = {}
     for n in graph.nodes.values():
         if n.bits is not None and n.tag:
             per_tag[n.tag] = max(per_tag.get(n.tag, 0), n.bits)
     return {
         "nodes": len(graph.nodes),
-        "lut_nodes": len(lut_bits),
+        "lut_nodes": len(luts),
         "max_bit_width": graph.max_bit_width(),
         "max_lut_input_bits": max(lut_bits, default=0),
         "fits_tfhe": max(lut_bits, default=0) <= LUT_BIT_LIMIT,

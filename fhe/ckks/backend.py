@@ -324,6 +324,7 @@ class CkksBackend:
     def save(self, directory, include_secret_key: bool = False) -> dict:
         """server/: public context + program; client/: context with the secret key (on request)."""
         self._require_keys()
+        assert self.server_ctx is not None and self.client_ctx is not None  # made together
         directory = Path(directory)
         server, client = directory / "server", directory / "client"
         server.mkdir(parents=True, exist_ok=True)

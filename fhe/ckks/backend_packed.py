@@ -117,7 +117,7 @@ class PackedCkksBackend(CkksBackend):
     ) -> None:
         super().__init__(program, params, plan, planned, meta)
         self.packed = PackedProgram(program, plan.slots)
-        self.galois_keys = None
+        self.galois_keys: sa.GaloisKeys | None = None
 
     @classmethod
     def compile(
@@ -225,9 +225,11 @@ class PackedCkksBackend(CkksBackend):
         }
 
     def _save_server_extras(self, server: Path) -> None:
+        assert self.galois_keys is not None  # saved after keygen (_require_keys)
         self.galois_keys.save(str(server / "galois.keys"))
 
     def _save_client_extras(self, client: Path) -> None:
+        assert self.galois_keys is not None
         self.galois_keys.save(
             str(client / "galois.keys")
         )  # evaluation keys: what the client uploads to serve

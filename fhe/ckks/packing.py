@@ -171,20 +171,21 @@ def apply_maps(
                 vals.append(rotations.of(x, b))
                 plains.append(plain)
         inner[g] = ar.dot_plain(vals, plains)
+    out: Val | None
     if not inner:  # an all-zero map still yields a ciphertext at the expected level
         out = ar.lincomb([terms[0][0]], [0.0])
     else:
         out = inner.get(0)
         for sign in (1, -1):
             gs = [g for g in inner if g * sign > 0]
-            acc = None
+            acc: Val | None = None
             for g in range(max(gs, key=abs, default=0), 0, -sign):  # Horner, outermost giant first
-                acc = (
-                    inner.get(g) if acc is None else (ar.add(acc, inner[g]) if g in inner else acc)
-                )
+                # the first g is the outermost group, one of inner's
+                acc = inner[g] if acc is None else (ar.add(acc, inner[g]) if g in inner else acc)
                 acc = ar.rotate(acc, (sign * n1) % n_slots)
             if acc is not None:
                 out = acc if out is None else ar.add(out, acc)
+    assert out is not None  # inner is not empty
     if bias is not None and np.any(bias):
         out = ar.add_plain(out, bias)
     return out
@@ -196,7 +197,10 @@ def rotate_and_sum(ar: Arith, x: Val, step: int, count: int, n_slots: int | None
     ones."""
     if count & (count - 1):
         raise ValueError(f"rotate_and_sum needs a power-of-two count, got {count}")
+    if step < 0 and n_slots is None:
+        raise ValueError("a negative step (a broadcast) needs n_slots")
+    wrap = n_slots or 1  # only a negative step wraps, and it has n_slots
     while count > 1:
-        x = ar.add(x, ar.rotate(x, step % n_slots if step < 0 else step))
+        x = ar.add(x, ar.rotate(x, step % wrap if step < 0 else step))
         step, count = step * 2, count // 2
     return x
