@@ -124,13 +124,12 @@ def client_cmd(client_dir, url, token, sample, input_path, text, allow_overflow,
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach {url}: {exc} (is `fhe serve` running?)") from exc
     logits = np.asarray(result.logits).reshape(-1)
-    labels = client.text.labels if client.text is not None else None
     click.echo(
-        f"prediction {api.named(int(logits.argmax()), labels)}"
-        + ("" if label is None else f" (label {api.named(label, labels)})")
+        f"prediction {api.named(int(logits.argmax()), client.labels)}"
+        + ("" if label is None else f" (label {api.named(label, client.labels)})")
         + f"; round trip {result.round_trip_s:.2f} s, server {result.server_s:.2f} s; "
         f"logits {np.round(logits, 3).tolist()}"
     )
-    note = client.text.truncation_note(text) if text is not None and client.text else None
+    note = client.text_note(text)
     for warning in result.warnings + ((note,) if note else ()):
         click.echo(warning, err=True)

@@ -134,12 +134,11 @@ def run_artifact(
     else:
         logits = local.decrypt(server.run(local.encrypt(x[None]), local.refresh(server.context)))[0]
     seconds = time.perf_counter() - start
-    note = client.text.truncation_note(text) if text is not None and client.text else None
+    note = client.text_note(text)
     notes = tuple(client.warnings) + ((note,) if note else ())
     shown = None if text is not None else sample
-    labels = client.text.labels if client.text is not None else None
     logits = np.asarray(logits).reshape(-1)
-    return ArtifactRun(client.scheme, shown, label, logits, seconds, notes, labels)
+    return ArtifactRun(client.scheme, shown, label, logits, seconds, notes, client.labels)
 
 
 def _open_server(scheme: str, folder: Path):

@@ -128,6 +128,15 @@ class Client:
         except (ValueError, KeyError, OSError, SafetensorError) as exc:  # a mismatched front end
             raise FheError(f"{self.folder}: the text front end cannot be read: {exc}") from exc
 
+    @property
+    def labels(self) -> tuple[str, ...] | None:
+        """The outputs' names (a next-word model's words), None when the model has none."""
+        return self.text.labels if self.text is not None else None
+
+    def text_note(self, text: str | None) -> str | None:
+        """What the front end leaves out of ``text`` (more words than the model reads), or None."""
+        return self.text.truncation_note(text) if text is not None and self.text else None
+
     def encode_text(self, text: str) -> np.ndarray:
         """One text as the (T, d_model) vectors this model's program reads (in the clear, here)."""
         if self.text is None:
