@@ -25,8 +25,8 @@ from fhe.ckks.planner import DepthError
 from fhe.ckks.program import PolynomialError
 from fhe.ckks.seal import galois_keys_memory, make_galois_keys
 from fhe.harness import compile_model
-from fhe.schemes import CkksParams
-from models.config import TransformerConfig
+from fhe.schemes import CkksLayout, CkksParams
+from models.config import Activation, AttentionKind, NormKind, TransformerConfig
 from models.transformer import Transformer
 
 # the default sweep: one representative per family (the signed Inhibitor and the Activator share
@@ -130,11 +130,11 @@ def model_for(
         seq_len=seq_len,
         in_features=features,
         n_outputs=n_outputs,
-        attention=kind,
+        attention=AttentionKind(kind),
         d_model=d_model,
         n_heads=n_heads,
-        norm="none",
-        ffn_activation="gelu",
+        norm=NormKind.NONE,
+        ffn_activation=Activation.GELU,
         power_form="length-agnostic",
         power_eps=0.5,
     )  # ε: untrained scores are wide
@@ -149,7 +149,7 @@ def _compile(model, calib, layout: str, approx: ApproxConfig):
     """Batch: scale 2^40, labelled refreshes where the chain is too short. Packed (never refreshes):
     the largest scale in PACKED_SCALES whose chain holds the program."""
     if layout == "batch":
-        params = CkksParams(layout=layout, approx=approx, scale_bits=40)
+        params = CkksParams(layout=CkksLayout(layout), approx=approx, scale_bits=40)
         try:
             return compile_model(model, calib, params)
         except DepthError:
@@ -159,12 +159,14 @@ def _compile(model, calib, layout: str, approx: ApproxConfig):
     for bits in PACKED_SCALES[:-1]:
         try:
             return compile_model(
-                model, calib, CkksParams(layout=layout, approx=approx, scale_bits=bits)
+                model, calib, CkksParams(layout=CkksLayout(layout), approx=approx, scale_bits=bits)
             )
         except DepthError:
             pass
     return compile_model(
-        model, calib, CkksParams(layout=layout, approx=approx, scale_bits=PACKED_SCALES[-1])
+        model,
+        calib,
+        CkksParams(layout=CkksLayout(layout), approx=approx, scale_bits=PACKED_SCALES[-1]),
     )
 
 
@@ -307,7 +309,7 @@ def plot(reports: list[CkksKindReport], path) -> None:
         axes[0].plot(ts_, [r.depth for r in rs], style, marker="o", label=f"{kind} ({layout})")
         axes[1].plot(
             ts_,
-            [r.estimated_run_s / r.samples_per_run for r in rs],
+            [(r.estimated_run_s or 0.0) / (r.samples_per_run or 1) for r in rs],  # set (no error)
             style,
             marker="o",
             label=f"{kind} ({layout})",

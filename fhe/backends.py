@@ -5,6 +5,7 @@ library."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 _BACKENDS: dict[tuple[type, object], type] = {}
 
@@ -36,8 +37,9 @@ def register_backend(params_type: type, layout=None, engine=None) -> Callable[[t
     return wrap
 
 
-def backend_for(params) -> type:
-    """The backend class that compiles ``params`` (a ``TfheParams`` or ``CkksParams``)."""
+def backend_for(params) -> Any:
+    """The backend class that compiles ``params`` (a ``TfheParams`` or ``CkksParams``; each class
+    has its own ``compile`` signature, hence ``Any``)."""
     import importlib
 
     key = _key(type(params), getattr(params, "layout", None), getattr(params, "engine", None))

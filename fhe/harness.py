@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -24,14 +24,18 @@ from fhe.backends import backend_for
 from fhe.errors import InputOverflowError
 from fhe.schemes import CkksParams, Scheme, TfheParams
 from models.transformer import Transformer
-from quant import QuantConfig, QuantizedProgram, export
+from quant import OverflowPolicy, QuantConfig, QuantizedProgram, export
 
 
 class Backend(Protocol):
     """What every backend implements (TFHE: integers in and out; CKKS: floats in and out)."""
 
     scheme: Scheme
+    params: Any  # the TfheParams or CkksParams it was compiled with
     timings_s: dict[str, float]
+
+    @property
+    def has_keys(self) -> bool: ...
 
     def keygen(self, force: bool = False) -> None: ...
     def encrypt(self, x_int: np.ndarray): ...
@@ -47,8 +51,8 @@ class Codec(Protocol):
     """Floats to what the backend encrypts, and back; the clear program that every encrypted run
     equals."""
 
-    model: Transformer
-
+    @property
+    def model(self) -> Transformer: ...
     def encode(self, x) -> np.ndarray: ...
     def decode(self, y: np.ndarray) -> np.ndarray: ...
     def reference(
@@ -77,10 +81,10 @@ class QuantCodec:
         return self.program.dequantize_output(y)
 
     def reference(self, x_int: np.ndarray) -> np.ndarray:
-        return self.program.run_int(x_int, "clip")[0]
+        return self.program.run_int(x_int, OverflowPolicy.CLIP)[0]
 
     def overflowing(self, x_int: np.ndarray) -> dict[str, int]:
-        return self.program.run_int(x_int, "clip")[1]
+        return self.program.run_int(x_int, OverflowPolicy.CLIP)[1]
 
 
 @dataclass
@@ -190,7 +194,7 @@ class CompiledModel:
         sampled error (``n_transient``); one that differs again means the circuit does not compute
         the program."""
         x_int = self.program.quantize_input(np.asarray(x)[:limit])
-        clear, _ = self.program.run_int(x_int, "clip")
+        clear, _ = self.program.run_int(x_int, OverflowPolicy.CLIP)
         sim = np.stack([self.backend.simulate(xi) for xi in x_int])
         equal = (sim == clear).all(axis=tuple(range(1, sim.ndim)))
         bad = np.flatnonzero(~equal)

@@ -141,4 +141,4 @@ def evaluate(model_path, data_dir) -> None:
     from models.training import evaluate as run_eval
 
     ckpt, data = api.load_model_and_task(model_path, data_dir)
-    click.echo(f"{ckpt.task['name']}: test {data.metric.value} = {run_eval(ckpt.model, data):.4f}")
+    click.echo(f"{data.name}: test {data.metric.value} = {run_eval(ckpt.model, data):.4f}")

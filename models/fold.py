@@ -9,6 +9,7 @@ weights. Mean pooling is linear, so the final norm folds into the head. The fold
 from __future__ import annotations
 
 import copy
+import typing
 
 import torch
 from torch import nn
@@ -33,6 +34,15 @@ def _fold_into(norm: TokenBatchNorm, linears: list[nn.Linear]) -> None:
         lin.bias.data.copy_(bias + w @ b)
 
 
+def _batchnorm(norm: nn.Module) -> TokenBatchNorm:
+    assert isinstance(norm, TokenBatchNorm), f"norm=batchnorm built a {type(norm).__name__}"
+    return norm
+
+
+def _linears(modules) -> list[nn.Linear]:
+    return [typing.cast(nn.Linear, m) for m in modules]
+
+
 def fold_norms(model: Transformer) -> Transformer:
     """A copy of ``model`` with every BatchNorm folded into its readers (``norm=none``); other
     models are returned unchanged."""
@@ -40,13 +50,16 @@ def fold_norms(model: Transformer) -> Transformer:
         return model
     model = copy.deepcopy(model).eval()
     with torch.no_grad():
-        for block in model.blocks:
-            _fold_into(block.norm1, block.mixer.input_linears())
+        for block in model.block_list():
+            _fold_into(
+                _batchnorm(block.norm1),
+                _linears(typing.cast(typing.Any, block.mixer).input_linears()),
+            )
             block.norm1 = nn.Identity()
             if block.has_ffn:
-                _fold_into(block.norm2, [block.ffn.fc1])
+                _fold_into(_batchnorm(block.norm2), [block.ffn.fc1])
                 block.norm2 = nn.Identity()
-        _fold_into(model.norm, [model.head])
+        _fold_into(_batchnorm(model.norm), [model.head])
         model.norm = nn.Identity()
     folded = Transformer(model.config.replace(norm=NormKind.NONE))
     folded.load_state_dict(model.state_dict())

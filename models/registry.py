@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
-from enum import Enum
 from typing import Generic, TypeVar
 
 from models.config import AttentionKind
@@ -19,17 +18,15 @@ T = TypeVar("T")
 
 
 class KindRegistry(Generic[T]):
-    """Entries keyed by a str-Enum: :class:`AttentionKind` unless ``key`` names another (the per-T
-    circuit study's ``Variant``)."""
+    """Entries keyed by :class:`AttentionKind` (its value, a string, is accepted too)."""
 
-    def __init__(self, what: str, key: type[Enum] = AttentionKind) -> None:
+    def __init__(self, what: str) -> None:
         self.what = what  # e.g. "attention module", for the double-registration error
-        self.key = key
-        self.entries: dict[Enum, T] = {}
+        self.entries: dict[AttentionKind, T] = {}
 
     def register(self, *kinds: AttentionKind) -> Callable[[T], T]:
         def decorator(entry: T) -> T:
-            for kind in map(self.key, kinds):
+            for kind in map(AttentionKind, kinds):
                 if kind in self.entries:
                     raise ValueError(f"{self.what} for {kind.value!r} registered twice")
                 self.entries[kind] = entry
@@ -38,14 +35,14 @@ class KindRegistry(Generic[T]):
         return decorator
 
     def get(self, kind: AttentionKind | str) -> T | None:
-        return self.entries.get(self.key(kind))
+        return self.entries.get(AttentionKind(kind))
 
     def require(
         self, kind: AttentionKind | str, error: type[Exception], where: str, fix: str = ""
     ) -> T:
         """The entry for ``kind``, else ``error("no lowering registered for <kind> under <where>[:
         fix]")``."""
-        key = self.key(kind)
+        key = AttentionKind(kind)
         entry = self.entries.get(key)
         if entry is None:
             raise error(

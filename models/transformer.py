@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import torch
 from torch import Tensor, nn
 
@@ -71,6 +73,10 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = make_norm(config)
         self.head = nn.Linear(config.d_model, config.n_outputs)
+
+    def block_list(self) -> list[Block]:
+        """The blocks, typed (``self.blocks`` is a ModuleList of them)."""
+        return [typing.cast(Block, b) for b in self.blocks]
 
     def requires_grad_(self, requires_grad: bool = True) -> Transformer:
         """As :meth:`torch.nn.Module.requires_grad_`, except that an embedded model's input layer

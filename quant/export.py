@@ -9,6 +9,7 @@ encrypted √variance, which has no cheap integer form, so exporting a LayerNorm
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -161,10 +162,11 @@ def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
     elif cfg.input_kind is InputKind.EMBEDDED:  # the client embedded (models.text): h₀ is it
         h = inp
     else:
-        h = low.linear(inp, model.embed.weight, model.embed.bias, "embed", "embed")
+        embed = typing.cast(torch.nn.Linear, model.embed)  # an image model's input layer
+        h = low.linear(inp, embed.weight, embed.bias, "embed", "embed")
         h = low.add_const(h, model.pos[:T], "embed.pos", "embed")
         h = low.requant(h, "embed.out", "embed", signed=True)
-    blocks = list(model.blocks)
+    blocks = model.block_list()
     fold = (
         low.config.client_pooling
         and low.config.fold_last_residual
@@ -177,6 +179,7 @@ def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
     if fold:  # h is already the per-token logits
         return _pooled_by_client(h, T)
     if masked:
+        assert low.key_mask is not None  # set above for a masked model
         return masked_pooled_head(low, model, h, low.key_mask)
     if low.config.client_pooling:
         return client_pooled_head(low, model, h)
@@ -273,7 +276,10 @@ def residual_into_head(
     return sum_of_linears(low, skip, branch, "head", tag)
 
 
-def sum_of_linears(low: Lowering, first: tuple, second: tuple, name: str, tag: str) -> QValue:
+Term = tuple[QValue, Tensor, "Tensor | None"]
+
+
+def sum_of_linears(low: Lowering, first: Term, second: Term, name: str, tag: str) -> QValue:
     """x₁W₁ᵀ + b₁ + x₂W₂ᵀ + b₂ (each term ``(x, W, b or None)``) on one output grid: the coarser of
     the two grids on which a term's weights span the weight bits, so both terms' clear weights stay
     within them (the finer term loses some precision; a finer grid widened the output and, on

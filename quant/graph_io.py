@@ -49,6 +49,7 @@ class Table:
 
 def _bit_range(node: Node) -> tuple[int, int]:
     bits = node.bits
+    assert bits is not None and node.lo is not None, f"{node.name} is not calibrated"
     return (0, 2**bits - 1) if node.lo >= 0 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
 
 
@@ -58,8 +59,8 @@ def tabulate(graph: Graph, node: Node) -> Table:
     r = node.attrs.get("rounding_bits", 0)
     lo, hi = _bit_range(src)
     step = 1 << r
-    first = int(round_bit_pattern(np.int64(lo), r))
-    last = int(round_bit_pattern(np.int64(hi), r))
+    first = int(round_bit_pattern(np.asarray(lo, np.int64), r))
+    last = int(round_bit_pattern(np.asarray(hi, np.int64), r))
     domain = np.arange(first, last + 1, step, dtype=np.int64)
     shape = tuple(node.attrs["shape"])
     grid = np.broadcast_to(domain.reshape(-1, *([1] * len(shape))), (len(domain), *shape))

@@ -93,7 +93,7 @@ class Node:
 
     @property
     def bits(self) -> int | None:
-        return None if self.lo is None else value_bits(self.lo, self.hi)
+        return None if self.lo is None or self.hi is None else value_bits(self.lo, self.hi)
 
     @property
     def is_pbs(self) -> bool:
@@ -104,7 +104,7 @@ class Node:
         if self.op != "lut":
             return None
         src = graph.nodes[self.inputs[0]]
-        if src.lo is None:
+        if src.lo is None or src.hi is None:
             return None
         r = self.attrs.get("rounding_bits", 0)
         return max(rounded_bits(src.lo, src.hi, r) - r, 1)
@@ -159,6 +159,7 @@ class Graph:
             env[node.name] = out
             if record is not None:
                 record[node.name] = out
+        assert self.output_name is not None, "the graph has no output"
         return env[self.output_name], clipped
 
     @staticmethod
@@ -166,6 +167,7 @@ class Graph:
         node: Node, out: np.ndarray, policy: OverflowPolicy, clipped: dict[str, int]
     ) -> np.ndarray:
         bits = node.bits
+        assert bits is not None and node.lo is not None  # only calibrated nodes are checked
         lo, hi = (0, 2**bits - 1) if node.lo >= 0 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
         bad = (out < lo) | (out > hi)
         n_bad = int(bad.sum())
@@ -207,7 +209,7 @@ class Graph:
         self, x: np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR, batch_size: int = 128
     ) -> tuple[np.ndarray, dict[str, int]]:
         """:meth:`run` over batches of the leading axis, with clipped counts summed."""
-        outs, clipped = [], {}
+        outs, clipped = [], {}  # type: list[np.ndarray], dict[str, int]
         for i in range(0, len(x), batch_size):
             out, c = self.run(x[i : i + batch_size], policy)
             outs.append(out)
@@ -245,4 +247,4 @@ class Graph:
 def _evaluate(node: Node, args: list[np.ndarray], x: np.ndarray) -> np.ndarray:
     if node.op == "input":
         return np.asarray(x, dtype=np.int64)
-    return op_spec(node.op).evaluate(node.attrs, args)
+    return np.asarray(op_spec(node.op).evaluate(node.attrs, args))

@@ -102,7 +102,7 @@ class Lowering:
         lo, hi = (q.qmin - q.zero_point) * q.scale, (q.qmax - q.zero_point) * q.scale
         return _ste(out, torch.clamp(t, lo, hi))
 
-    def _const(self, exact: np.ndarray, value: Tensor | np.ndarray) -> Tensor:
+    def _const(self, exact: np.ndarray, value: Tensor | np.ndarray | None) -> Tensor:
         """A quantized constant (weights, biases) as a tensor; straight-through to ``value`` when
         differentiable and ``value`` is a tensor (a model parameter)."""
         out = torch.from_numpy(np.asarray(exact, dtype=np.float64))
@@ -221,6 +221,7 @@ class Lowering:
         differences), used as it is, so x's scale is kept."""
         if isinstance(x.scale, np.ndarray):
             raise ValueError(f"{name}: needs a per-tensor input scale")
+        s_m: float | np.ndarray
         if integer:
             m_int, s_m = np.asarray(matrix, dtype=np.int64), 1.0
             if not np.array_equal(m_int, matrix):

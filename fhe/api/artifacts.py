@@ -6,11 +6,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fhe.errors import BadOptionError, FheError
 from fhe.schemes import Scheme
+
+if TYPE_CHECKING:
+    from fhe.deploy.batch import BatchResult
 
 
 # ------------------------------------------------------------------------------------------
@@ -96,6 +100,7 @@ def client_input(
             raise BadOptionError(f"--text: {exc}") from exc
     if input_path is not None:
         return read_input(input_path), None
+    assert sample is not None  # exactly one of the three was given
     x, label = pick_test_sample(
         load_task_of_artifact(client.meta, data_dir), sample, client.meta["task"]
     )
@@ -155,7 +160,7 @@ def _open_server(scheme: str, folder: Path):
 class BatchOutcome:
     n: int
     accuracy: float
-    result: object  # fhe.deploy.batch.BatchResult: setup and run times, workers
+    result: BatchResult  # setup and run times, workers
 
     def describe(self) -> str:
         r = self.result

@@ -21,6 +21,9 @@ from quant.config import RangeMode
 
 if TYPE_CHECKING:
     from fhe.harness import CompiledModel
+    from models.tasks.base import TaskData
+    from models.text import TextEncoder
+    from models.training import Checkpoint
 
 SCHEMES = tuple(s.value for s in Scheme)
 LAYOUTS = ("auto", "batch", "packed")  # auto: fhe/api/schemes/ckks.py's choose_layout
@@ -156,11 +159,11 @@ class Compilation:
     :class:`~fhe.harness.CompiledModel`."""
 
     model_path: Path
-    checkpoint: object
-    data: object
+    checkpoint: Checkpoint
+    data: TaskData
     compiled: CompiledModel
     options: CompileOptions
-    text: object | None = None  # models.text.TextEncoder: the client's front end of a text model
+    text: TextEncoder | None = None  # the client's front end of a text model
 
     @property
     def scheme(self) -> str:

@@ -46,10 +46,12 @@ def compile_file(
     auto`` then picks the batch layout)."""
     inputs = load_for_encryption(model_path, options.data_dir)
     ckpt, data = inputs.checkpoint, inputs.data
+    task = ckpt.task
+    assert task, "load_for_encryption refuses a model file without a task"
     meta = {
         "model_path": str(model_path),
-        "task": ckpt.task["name"],
-        "patch": (ckpt.task.get("meta") or {}).get("patch"),
+        "task": task["name"],
+        "patch": (task.get("meta") or {}).get("patch"),
         "words": inputs.text.words if inputs.text else None,
     }  # what `fhe run` needs to rebuild inputs
     steps = steps_for(options.scheme)

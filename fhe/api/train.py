@@ -5,12 +5,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fhe.api._common import option_field
 from fhe.api.recipes import Recipe
 from fhe.errors import BadOptionError, FheError
 from models.config import Activation, AttentionKind, InputKind, NormKind, Pooling
 from models.presets import PRESETS
+
+if TYPE_CHECKING:
+    from models.tasks.base import TaskData
+    from models.text import TextEncoder
+    from models.training import Checkpoint
+    from models.transformer import Transformer
 
 # ------------------------------------------------------------------------------------------
 # training
@@ -225,8 +232,8 @@ class TrainRequest:
 
 @dataclass
 class TrainOutcome:
-    model: object  # models.transformer.Transformer
-    data: object  # models.tasks.TaskData
+    model: Transformer
+    data: TaskData
     attention: str
     test_score: float  # the integer program's with program QAT, else the float model's
     float_score: float  # before any QAT
@@ -320,6 +327,7 @@ def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
         return outcome
     from quant.program_qat import train_program
 
+    assert quant is not None  # program QAT (checked above)
     if model_config.input_kind is InputKind.TOKENS:  # the program starts at the client's vectors
         from models.text import embedded_task, join_text_model, split_text_model
 
@@ -329,12 +337,14 @@ def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:
             )
         except ValueError as exc:
             raise BadOptionError(f"--qat-bits: {exc}") from exc
-        qat = train_program(inner, embedded_task(data, text), quant, qat_config, progress=progress)
-        qat.model = join_text_model(result.model, qat.model)
+        program = train_program(
+            inner, embedded_task(data, text), quant, qat_config, progress=progress
+        )
+        program.model = join_text_model(result.model, program.model)
     else:
-        qat = train_program(result.model, data, quant, qat_config, progress=progress)
-    outcome.model, outcome.test_score = qat.model, qat.program_score
-    outcome.extra.update(quant=quant.to_dict(), qat_history=qat.history)
+        program = train_program(result.model, data, quant, qat_config, progress=progress)
+    outcome.model, outcome.test_score = program.model, program.program_score
+    outcome.extra.update(quant=quant.to_dict(), qat_history=program.history)
     return outcome
 
 
@@ -442,7 +452,9 @@ def _training_setup(req: TrainRequest):
 
 # ---------------------------------------------------------------------------------------- model
 # files
-def load_model_and_task(model_path: str | Path, data_dir: str | Path | None = None):
+def load_model_and_task(
+    model_path: str | Path, data_dir: str | Path | None = None
+) -> tuple[Checkpoint, TaskData]:
     """(checkpoint, task data) for a saved model; :class:`BadOptionError` for a bad file or missing
     data."""
     from models.tasks import DataFileError, load_task_of
@@ -469,9 +481,9 @@ class EncryptionInputs:
     end (None for feature inputs). A token model is split (:func:`models.text.split_text_model`):
     the client embeds its words, the program starts at the embedded vectors."""
 
-    checkpoint: object
-    data: object
-    text: object | None = None  # models.text.TextEncoder
+    checkpoint: Checkpoint
+    data: TaskData
+    text: TextEncoder | None = None
 
 
 def load_for_encryption(
@@ -485,7 +497,7 @@ def load_for_encryption(
     from models.text import NoEncryptedTextError, embedded_task, split_text_model
 
     try:
-        meta = ckpt.task.get("meta") or {}
+        meta = (ckpt.task or {}).get("meta") or {}  # a task is recorded (load_model_and_task)
         text, model = split_text_model(ckpt.model, meta["vocab"], meta.get("labels"))
     except (NoEncryptedTextError, KeyError) as exc:
         raise BadOptionError(f"{model_path}: {exc}") from exc

@@ -4,6 +4,7 @@ cost one level only when a non-linear operation needs their value (see fhe/ckks/
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ class Affine:
     """y = Σₖ Mₖ·xₖ + b over lists of materialised values xₖ: no ciphertext operation until
     needed."""
 
-    terms: list[tuple[list[Val], np.ndarray]]
+    terms: list[tuple[Any, np.ndarray]]  # x: a list[Val] (batch layout) or a PVec (packed)
     bias: np.ndarray
 
     @classmethod
@@ -36,7 +37,7 @@ class Affine:
         return Affine([(x, m @ w) for x, w in self.terms], m @ self.bias + c)
 
     def __add__(self, other: Affine) -> Affine:
-        merged: dict[int, tuple[list[Val], np.ndarray]] = {}
+        merged: dict[int, tuple[Any, np.ndarray]] = {}
         for x, w in self.terms + other.terms:
             merged[id(x)] = (x, merged[id(x)][1] + w) if id(x) in merged else (x, w)
         return Affine(list(merged.values()), self.bias + other.bias)

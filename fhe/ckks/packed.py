@@ -21,6 +21,9 @@ operation and the set of rotation steps (the Galois keys the server needs) are k
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Callable
+
 import numpy as np
 
 from fhe.ckks import approx as A
@@ -39,6 +42,8 @@ from fhe.ckks.packing import (
 )
 from fhe.ckks.program import PolynomialError, PolyProgram, pool_outputs
 from models.config import Activation, NormKind
+
+V = typing.TypeVar("V")
 
 
 def check_packed(program: PolyProgram) -> None:
@@ -160,11 +165,11 @@ class PackedProgram:
         identity)."""
         return self.cached(key, lambda: dst.place(values, self.n_slots))
 
-    def cached(self, key: tuple, make) -> np.ndarray:
-        """A clear slot vector of this program, made once per key."""
+    def cached(self, key: tuple, make: Callable[[], V]) -> V:
+        """A clear slot vector (or a list of them) of this program, made once per key."""
         if key not in self._vectors:
             self._vectors[key] = make()
-        return self._vectors[key]
+        return typing.cast(V, self._vectors[key])
 
     def materialize(self, ar: Arith, rot: Rotations, name: str, aff: Affine, dst: Layout) -> PVec:
         terms = [
@@ -389,4 +394,5 @@ class PackedProgram:
         if pooled:
             rest = apply_maps(ar, pooled, None, rot, self.n_slots)
             out = rest if out is None else ar.add(out, rest)
+        assert out is not None, "a head with neither local nor pooled terms"
         return ar.add_plain(out, bias)

@@ -106,19 +106,22 @@ class SoftmaxKernel:
             e = [ar.square(ar.square(A.poly_eval(ar, x, coeffs))) for x in xs]
             y = A.goldschmidt_reciprocal(ar, ar.sum(e), c["div"]["iterations"])
             return [ar.mul(ej, y) for ej in e]
-        y, f = xs, 1.0  # y = f · (the exactly normalised values): Goldschmidt returns D/a, not 1/a
+        ys, f = (
+            xs,
+            1.0,
+        )  # ys = f · (the exactly normalised values): Goldschmidt returns D/a, not 1/a
         for r in range(self.rounds):
-            z = [ar.square(v) for v in y]
+            z = [ar.square(v) for v in ys]
             d = c[f"div{r}"]
             f = f * f
             last = r == self.rounds - 1
             a = ar.lincomb(z, [1 / ((1 if last else L) * d["scale"] * f)] * L)  # the f² folded in
             inv = A.goldschmidt_reciprocal(ar, a, d["iterations"])
-            y = [
+            ys = [
                 ar.mul(v, inv) for v in z
             ]  # mean 1 after each round, sum 1 after the last (times f)
             f = f * d["scale"]
-        return [ar.lincomb([v], [1 / f]) for v in y]
+        return [ar.lincomb([v], [1 / f]) for v in ys]
 
     def reference(self, rows: np.ndarray) -> np.ndarray:
         return (

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fhe.deploy.runtime import load_runtime
 
@@ -94,7 +95,7 @@ def _run_on_ray(
         )
         threads = max(1, cores // workers)
     env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}} if threads else None
-    actor = (
+    actor: Any = (  # a Ray actor class (untyped)
         ray.remote(num_cpus=1, runtime_env=env)(Worker) if env else ray.remote(num_cpus=1)(Worker)
     )
     keys_ref = ray.put(keys)

@@ -17,6 +17,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from fhe import wire
 from fhe.errors import FheError, InputOverflowError
 from fhe.scheme import Scheme
 from quant.quantizer import Quantizer, decode_output
+
+if TYPE_CHECKING:
+    import httpx
 
 CLIENT_KEEP_ALIVE_S = 2.0  # below the server's keep-alive (fhe.deploy.server.KEEP_ALIVE_S)
 
@@ -112,6 +116,11 @@ class Client:
         self.last_queue_s = 0.0
         self.last_keys_s = 0.0  # the last answer's X-Keys-Seconds (keys loaded for it)
 
+    def _server(self) -> httpx.Client:
+        if self.http is None:
+            raise FheError("this client was opened without a server URL: Client(folder, url)")
+        return self.http
+
     # ---------------------------------------------------------------------------------- text
     @functools.cached_property
     def text(self):
@@ -158,18 +167,22 @@ class Client:
         if self.key_id:
             return self.key_id
         key_file = getattr(self.local, "key_file", None)  # OpenFHE: gigabytes, sent from disk
-        blob = None if key_file else self.public_keys()
-        key_id = self.local.key_id if key_file else hashlib.sha256(blob).hexdigest()
-        held = self.http.get(f"/keys/{key_id}")
+        blob: bytes | None = None
+        if key_file:
+            key_id = self.local.key_id
+        else:
+            blob = self.public_keys()
+            key_id = hashlib.sha256(blob).hexdigest()
+        held = self._server().get(f"/keys/{key_id}")
         if held.status_code not in (204, 404):
             _raise_for(held)
         if held.status_code == 404:
             headers = {"content-type": wire_type()}
             if key_file:
                 with open(key_file, "rb") as f:  # streamed, with its Content-Length
-                    resp = self.http.put("/keys", content=f, headers=headers)
+                    resp = self._server().put("/keys", content=f, headers=headers)
             else:
-                resp = self.http.put("/keys", content=blob, headers=headers)
+                resp = self._server().put("/keys", content=blob, headers=headers)
             _raise_for(resp)
             key_id = resp.json()["key_id"]
         self.key_id = key_id
@@ -232,7 +245,7 @@ class Client:
         return resp.content, float(resp.headers.get("x-server-seconds", "nan"))
 
     def _post(self, payload: bytes):
-        return self.http.post(
+        return self._server().post(
             f"/infer/{self.upload_keys()}", content=payload, headers={"content-type": wire_type()}
         )
 
@@ -247,7 +260,7 @@ class Client:
         )
 
     def describe(self) -> dict:
-        resp = self.http.get("/model")
+        resp = self._server().get("/model")
         _raise_for(resp)
         return resp.json()
 

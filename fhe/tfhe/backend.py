@@ -26,7 +26,7 @@ from fhe.schemes import Scheme, TfheParams
 from fhe.tfhe import restore_sigpipe
 from fhe.tfhe.recipe import estimated_latency_s, stage_table
 from quant.graph_io import load_graph, save_graph
-from quant.ir import FREE_OPS, Graph, round_bit_pattern, rounded_bits
+from quant.ir import FREE_OPS, Graph, OverflowPolicy, round_bit_pattern, rounded_bits
 from quant.ops import op_spec
 from quant.ranges import overflow_risks, widen_to_proven
 
@@ -210,11 +210,11 @@ class TfheBackend:
         With ``params.ranges == "proven"`` every node's width is first widened to hold every value
         those inputs can produce (the graph is changed in place, so the clear program stays the
         circuit's reference)."""
-        if graph.output_name is None or graph.nodes[graph.input_name].lo is None:
+        inp = graph.nodes.get(graph.input_name or "")
+        if graph.output_name is None or inp is None or inp.lo is None or inp.hi is None:
             raise NotCompiledError(
                 "the integer program is not calibrated; build it with quant.export first"
             )
-        inp = graph.nodes[graph.input_name]
         input_range = input_range or (inp.lo, inp.hi)
         meta = dict(meta or {})
         meta["ranges"] = params.ranges
@@ -428,7 +428,7 @@ class TfheClient:
         the clear program this artifact carries (``None``: an artifact without one)."""
         if self.program is None:
             return None
-        return self.program.run(np.asarray(x_int, dtype=np.int64), "clip")[1]
+        return self.program.run(np.asarray(x_int, dtype=np.int64), OverflowPolicy.CLIP)[1]
 
     def encrypt(self, x_int: np.ndarray) -> bytes:
         return self.client.encrypt(np.asarray(x_int, dtype=np.int64)).serialize()

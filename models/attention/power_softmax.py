@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -68,12 +69,12 @@ class PowerSoftmaxAttention(MultiHeadAttention):
 
 
 def _sum_ranges(model: torch.nn.Module, kind: type | None) -> Tensor:
-    terms = [
-        m.last_range
+    recorders: list[Any] = [
+        m
         for m in model.modules()
         if hasattr(m, "last_range") and (isinstance(m, PowerSoftmaxAttention) == (kind is not None))
     ]
-    terms = [t for t in terms if t is not None]
+    terms = [m.last_range for m in recorders if m.last_range is not None]
     return torch.stack(terms).sum() if terms else torch.zeros(())
 
 
@@ -94,8 +95,8 @@ def set_range_tracking(
 ) -> None:
     """Record ranges on the next forward; thresholds turn the losses into hinges (see
     power_softmax_range)."""
-    for m in model.modules():
-        if hasattr(m, "track_range"):
-            m.track_range = enabled
-            m.range_threshold = threshold if isinstance(m, PowerSoftmaxAttention) else act_threshold
-            m.last_range = None
+    trackers: list[Any] = [m for m in model.modules() if hasattr(m, "track_range")]
+    for m in trackers:
+        m.track_range = enabled
+        m.range_threshold = threshold if isinstance(m, PowerSoftmaxAttention) else act_threshold
+        m.last_range = None

@@ -161,7 +161,7 @@ def lower_normalized(
     )  # σ(s/√d) in one lookup on the product's accumulator
     den = low.sum(e, -1, f"{name}.den", tag, keepdims=True)  # (nh, T, 1)
     L = s.shape[-1]
-    e_scale = e.scale
+    e_scale = float(e.scale)  # per-tensor
     per_key_eps = bool(length_agnostic and eps and (causal or low.key_mask is not None))
     if per_key_eps and low.key_mask is not None:  # ε per kept key, counted under encryption
         kept = kept_keys(low, causal, f"{name}.kept", tag)  # (T, 1)

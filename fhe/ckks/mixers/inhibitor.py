@@ -71,16 +71,18 @@ def lower_inhibitor(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
     )
     mid, half = prog.fit_map(n_abs)
     with ar.stage(f"{tag}.qkv"):
-        q = x.apply(
+        q_map = x.apply(
             per_position(w[f"{key}.q_proj.weight"], T) / half,
             np.tile(w[f"{key}.q_proj.bias"], T) / half,
         )
-        k = x.apply(
+        k_map = x.apply(
             per_position(w[f"{key}.k_proj.weight"], T) / half,
             np.tile(w[f"{key}.k_proj.bias"], T) / half,
         )
-        v = x.apply(per_position(w[f"{key}.v_proj.weight"], T), np.tile(w[f"{key}.v_proj.bias"], T))
-        q, k, v = q.materialize(ar), k.materialize(ar), v.materialize(ar)
+        v_map = x.apply(
+            per_position(w[f"{key}.v_proj.weight"], T), np.tile(w[f"{key}.v_proj.bias"], T)
+        )
+        q, k, v = q_map.materialize(ar), k_map.materialize(ar), v_map.materialize(ar)
     if signed:
         with ar.stage(f"{tag}.values"):
             v_pos = prog.approximate(
@@ -249,13 +251,12 @@ def lower_packed_inhibitor(
         c0 = coeffs[n_z][0]  # Z' off the activation (t = 0 there)
         for src, name in sources:
             vmid, vhalf = prog.fit_map(name)
+
             # real slots: −mid/half; elsewhere +Z'(0)/half, which puts t back at 0 there
-            b = pk.cached(
-                (tag, name),
-                lambda m=vmid, h=vhalf: (
-                    lay.place(np.full(T * C, -(m + c0) / h), pk.n_slots) + c0 / h
-                ),
-            )
+            def shift(m: float = vmid, h: float = vhalf) -> np.ndarray:
+                return lay.place(np.full(T * C, -(m + c0) / h), pk.n_slots) + c0 / h
+
+            b = pk.cached((tag, name), shift)
             ts = [
                 ar.add_plain(ar.lincomb([vg, zg], [1 / vhalf, -1 / vhalf]), b)
                 for vg, zg in zip(offsets(src), zs, strict=True)

@@ -35,15 +35,19 @@ def lower_power_softmax(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affin
     cq = 1 / (math.sqrt(dh) * (T * D) ** (1 / p))  # 1/√d, Eq. 7's 1/L and Goldschmidt's 1/D, folded
     cq_rows = np.repeat(rows * cq, C)  # per query position
     with ar.stage(f"{tag}.qkv"):
-        q = x.apply(
+        q_map = x.apply(
             per_position(w[f"{key}.q_proj.weight"], T) * cq_rows[:, None],
             np.tile(w[f"{key}.q_proj.bias"], T) * cq_rows,
         )
-        q = q.materialize(ar)
-        k = x.apply(per_position(w[f"{key}.k_proj.weight"], T), np.tile(w[f"{key}.k_proj.bias"], T))
-        k = k.materialize(ar)
-        v = x.apply(per_position(w[f"{key}.v_proj.weight"], T), np.tile(w[f"{key}.v_proj.bias"], T))
-        v = v.materialize(ar)
+        q = q_map.materialize(ar)
+        k_map = x.apply(
+            per_position(w[f"{key}.k_proj.weight"], T), np.tile(w[f"{key}.k_proj.bias"], T)
+        )
+        k = k_map.materialize(ar)
+        v_map = x.apply(
+            per_position(w[f"{key}.v_proj.weight"], T), np.tile(w[f"{key}.v_proj.bias"], T)
+        )
+        v = v_map.materialize(ar)
         mask = prog.key_mask
         if mask is not None:  # a padding key's K is 0: s_ij = 0 and s_ijᵖ = 0 (Eq. 11's x ⊙ M)
             k = [ar.mul(k[j * C + c], mask[j]) for j in range(T) for c in range(C)]
