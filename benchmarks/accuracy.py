@@ -26,10 +26,15 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.config import AttentionKind  # noqa: E402
-from models.presets import PRESETS  # noqa: E402
-from models.tasks import TASKS, load_task  # noqa: E402
-from models.training import TrainConfig, config_for_task, train  # noqa: E402
+from fhe.api.parts import (  # noqa: E402
+    PRESETS,
+    TASKS,
+    AttentionKind,
+    TrainConfig,
+    config_for_task,
+    load_task,
+    train,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KINDS = [k.value for k in AttentionKind]

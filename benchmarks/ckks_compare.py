@@ -18,12 +18,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._results import command_line, write_results  # noqa: E402
-from fhe.ckks import ApproxConfig  # noqa: E402
-from fhe.ckks.compare import compare_ckks  # noqa: E402
-from fhe.harness import compile_model  # noqa: E402
-from fhe.schemes import CkksParams  # noqa: E402
-from models.tasks import load_task  # noqa: E402
-from models.training import TrainConfig, config_for_task, load_checkpoint, save_checkpoint, train  # noqa: E402
+from fhe.api.parts import (  # noqa: E402
+    ApproxConfig,
+    CkksParams,
+    TrainConfig,
+    compare_ckks,
+    compile_model,
+    config_for_task,
+    load_checkpoint,
+    load_task,
+    save_checkpoint,
+    train,
+)
 
 RECIPE = dict(
     attention="power-softmax",

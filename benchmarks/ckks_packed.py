@@ -25,12 +25,14 @@ import numpy as np  # noqa: E402
 
 from benchmarks._results import command_line, write_results  # noqa: E402
 from benchmarks.ckks_compare import RECIPES, get_model, recipe_suffix  # noqa: E402
-from fhe.ckks import ApproxConfig  # noqa: E402
-from fhe.ckks.program import float_inference_form  # noqa: E402
-from fhe.harness import compile_model  # noqa: E402
-from fhe.schemes import CkksParams  # noqa: E402
-from models.tasks import load_task  # noqa: E402
-from models.training import predict  # noqa: E402
+from fhe.api.parts import (  # noqa: E402
+    ApproxConfig,
+    CkksParams,
+    compile_model,
+    float_inference_form,
+    load_task,
+    predict,
+)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._results import command_line, write_results  # noqa: E402
 from benchmarks.mnist_qat_schedule import _cost, _param_text  # noqa: E402
-from quant import QuantConfig  # noqa: E402
+from fhe.api.parts import QuantConfig  # noqa: E402
 
 # The quantization every variant changes: the TFHE recipe before this sweep, with the head per
 # token pooled by the client (fhe/tfhe/recipe.py's DEFAULT_QUANT is "fold-qkv-lut4" below)
@@ -86,8 +86,7 @@ VARIANTS = {
 
 def run_one(model_options: dict, quant_changes: dict, seed: int) -> dict:
     from fhe import api
-    from models.training import TrainConfig
-    from quant.program_qat import train_program
+    from fhe.api.parts import TrainConfig, train_program
 
     options = dict(task="digits", patch=4, attention="inhibitor", d_model=16, heads=1, epochs=60)
     req = api.TrainRequest(**{**options, **model_options}, seed=seed)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from benchmarks._results import command_line, write_results  # noqa: E402
-from quant import QuantConfig  # noqa: E402
+from fhe.api.parts import QuantConfig  # noqa: E402
 
 # The model these schedules were chosen on: 16 tokens of 7x7 pixels (benchmarks/tfhe_model.py's
 # MNIST recipe until it moved to 4 tokens of 14x14), trained as that recipe trains its float model.
@@ -148,18 +148,19 @@ CANDIDATES = [  # label, QAT epochs, learning rate, distillation weight, quantiz
 
 
 def main() -> None:
-    from models.tasks import load_task
-    from models.training import (
+    from fhe.api.parts import (
+        DEFAULT_CALIB_SAMPLES,
         TrainConfig,
         config_for_task,
         evaluate,
+        export,
         load_checkpoint,
+        load_task,
+        program_score,
         save_checkpoint,
         train,
+        train_program,
     )
-    from quant import export
-    from quant.config import DEFAULT_CALIB_SAMPLES
-    from quant.program_qat import program_score, train_program
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -278,7 +279,7 @@ def _cost(model, data, quant) -> dict:
     import tempfile
 
     from benchmarks.tfhe_model import run_child
-    from models.training import save_checkpoint
+    from fhe.api.parts import save_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "candidate.pt"

@@ -38,8 +38,7 @@ def edge_inputs(shape: tuple[int, ...], lo: int, hi: int) -> dict[str, np.ndarra
 
 
 def measure(graph, calib_ints, input_range, ranges: str) -> dict:
-    from fhe.schemes import TfheParams
-    from fhe.tfhe.backend import TfheBackend
+    from fhe.api.parts import TfheBackend, TfheParams
 
     start = time.perf_counter()
     backend = TfheBackend.compile(
@@ -94,11 +93,15 @@ def circuit_rows(seq_len: int) -> list[dict]:
 def model_rows() -> list[dict]:
     import torch
 
-    from fhe.tfhe.recipe import DEFAULT_QUANT
-    from models.tasks import load_task
-    from models.training import TrainConfig, config_for_task, train
-    from quant import export
-    from quant.config import DEFAULT_CALIB_SAMPLES
+    from fhe.api.parts import (
+        DEFAULT_CALIB_SAMPLES,
+        DEFAULT_QUANT,
+        TrainConfig,
+        config_for_task,
+        export,
+        load_task,
+        train,
+    )
 
     data = load_task("digits", patch=4)
     cfg = config_for_task(data, attention="inhibitor", d_model=16, n_heads=2, norm="batchnorm")

@@ -14,12 +14,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._results import write_results  # noqa: E402
-from models.presets import PRESETS  # noqa: E402
-from models.tasks import load_task  # noqa: E402
-from models.training import TrainConfig, config_for_task, predict, train  # noqa: E402
-from quant import OverflowPolicy, QuantConfig, export  # noqa: E402
-from quant.qat import prepare_qat, strip_qat  # noqa: E402
-from quant.report import accuracy, program_summary  # noqa: E402
+from fhe.api.parts import (  # noqa: E402
+    PRESETS,
+    OverflowPolicy,
+    QuantConfig,
+    TrainConfig,
+    accuracy,
+    config_for_task,
+    export,
+    load_task,
+    predict,
+    prepare_qat,
+    program_summary,
+    strip_qat,
+    train,
+)
 
 
 def int_accuracy(

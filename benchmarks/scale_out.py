@@ -31,10 +31,15 @@ FHE = str(Path(sys.executable).with_name("fhe"))
 
 
 def tfhe_artifact(tmp: Path) -> tuple[Path, np.ndarray]:
-    from fhe.tfhe.recipe import DEFAULT_QUANT
-    from models.tasks import load_task
-    from models.training import TrainConfig, config_for_task, save_checkpoint, train
-    from quant.program_qat import train_program
+    from fhe.api.parts import (
+        DEFAULT_QUANT,
+        TrainConfig,
+        config_for_task,
+        load_task,
+        save_checkpoint,
+        train,
+        train_program,
+    )
 
     data = load_task("digits", patch=4)
     cfg = config_for_task(data, attention="inhibitor", d_model=16, n_heads=2, norm="batchnorm")
@@ -61,9 +66,7 @@ def ckks_artifact(tmp: Path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fhe"))
     from ckks_models import tiny
 
-    from fhe.ckks import ApproxConfig
-    from fhe.harness import compile_model
-    from fhe.schemes import CkksParams
+    from fhe.api.parts import ApproxConfig, CkksParams, compile_model
 
     torch.manual_seed(0)
     cm = compile_model(
@@ -77,7 +80,7 @@ def ckks_artifact(tmp: Path):
 
 
 def batch_rows(art: Path, payloads: list[bytes], client, scheme: str, samples: int) -> list[dict]:
-    from fhe.deploy.batch import run_batch
+    from fhe.api.parts import run_batch
 
     keys = client.public_keys()
     rows, reference = [], None
@@ -118,8 +121,7 @@ def batch_rows(art: Path, payloads: list[bytes], client, scheme: str, samples: i
 
 
 def serving_row(art: Path, make_input, scheme: str, repeats: int) -> dict:
-    from fhe.deploy.batch import Worker
-    from fhe.deploy.client import Client
+    from fhe.api.parts import Client, Worker
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -181,7 +183,7 @@ def main() -> None:
         "--repeats", type=int, default=3, help="served requests per scheme after the first"
     )
     args = ap.parse_args()
-    from fhe.deploy.client import Client
+    from fhe.api.parts import Client
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

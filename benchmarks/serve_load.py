@@ -100,7 +100,7 @@ class Server:
 def load_row(
     server: Server, art: Path, scheme: str, clients: int, per_client: int, make_input, clear
 ) -> dict:
-    from fhe.deploy.client import Client, ServiceError
+    from fhe.api.parts import Client, ServiceError
 
     latencies, refused, errors, wrong = [], 0, 0, 0
     transport: list[str] = []
@@ -212,7 +212,7 @@ def main() -> None:
             ("ckks", ckks_dir, lambda i: ckks_inputs[i % 8], ckks_model.clear),
         )
         for scheme, art, make_input, clear in plans:
-            from fhe.deploy.client import Client
+            from fhe.api.parts import Client
 
             keys_mib[scheme] = len(Client(art / "client").public_keys()) / 2**20
             server = Server(art, tmp / f"keys-{scheme}", "--queue", "32")

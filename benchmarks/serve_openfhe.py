@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="shorter training than the recipe")
     args = parser.parse_args()
     from fhe import api
-    from fhe.deploy.client import Client
+    from fhe.api.parts import Client
 
     load = f"{os.getloadavg()[0]:.2f}"
     with tempfile.TemporaryDirectory(prefix="serve-openfhe-") as tmp:

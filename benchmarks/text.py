@@ -96,8 +96,7 @@ def run_row(row: Row, work: Path, data_dir: str | None) -> dict:
     import torch
 
     from fhe import api
-    from fhe.errors import FheError
-    from models.training import predict
+    from fhe.api.parts import FheError, predict
 
     torch.set_num_threads(2)
     path = work / f"{row.name}.pt"

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks._results import RESULTS, command_line, write_results  # noqa: E402
-from quant.config import DEFAULT_CALIB_SAMPLES  # noqa: E402
+from fhe.api.parts import DEFAULT_CALIB_SAMPLES  # noqa: E402
 
 RECIPES = {  # model size, tokenisation, training and quantization (over the TFHE defaults) per task
     # digits: make demo's model (5-bit activations: results/digits_design_sweep_widths.md)
@@ -81,7 +81,7 @@ RECIPES = {  # model size, tokenisation, training and quantization (over the TFH
 
 
 def recipe_quant(task: str):
-    from fhe.tfhe.recipe import DEFAULT_QUANT
+    from fhe.api.parts import DEFAULT_QUANT
 
     return DEFAULT_QUANT.replace(**RECIPES[task].get("quant", {}))
 
@@ -89,10 +89,16 @@ def recipe_quant(task: str):
 # ------------------------------------------------------------------------------------------
 # training
 def train_models(task: str, kinds: list[str], seeds: int, workdir: Path) -> dict:
-    from models.tasks import load_task
-    from models.training import TrainConfig, config_for_task, save_checkpoint, train
-    from quant import export
-    from quant.program_qat import program_score, train_program
+    from fhe.api.parts import (
+        TrainConfig,
+        config_for_task,
+        export,
+        load_task,
+        program_score,
+        save_checkpoint,
+        train,
+        train_program,
+    )
 
     r = RECIPES[task]
     quant = recipe_quant(task)
@@ -155,11 +161,14 @@ def train_models(task: str, kinds: list[str], seeds: int, workdir: Path) -> dict
 def measure(spec: dict) -> dict:
     """Compile ``spec['model']`` with the TFHE defaults (+ ``spec`` overrides), keygen, run
     encrypted samples, simulate the test split. Runs in a child process."""
-    from fhe.harness import compile_model
-    from fhe.schemes import TfheParams
-    from fhe.tfhe.recipe import estimated_latency_s, resolve_quant
-    from models.tasks import load_task_of
-    from models.training import load_checkpoint
+    from fhe.api.parts import (
+        TfheParams,
+        compile_model,
+        estimated_latency_s,
+        load_checkpoint,
+        load_task_of,
+        resolve_quant,
+    )
 
     torch.set_num_threads(2)
     ckpt = load_checkpoint(spec["model"])

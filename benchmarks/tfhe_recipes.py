@@ -35,13 +35,17 @@ CANDIDATES = [  # label, model overrides, quantization overrides (on the TFHE de
 
 
 def main() -> None:
-    from fhe.harness import compile_model
-    from fhe.schemes import TfheParams
-    from fhe.tfhe.recipe import DEFAULT_QUANT
-    from models.tasks import load_task
-    from models.training import TrainConfig, config_for_task, train
-    from quant.config import DEFAULT_CALIB_SAMPLES
-    from quant.program_qat import train_program
+    from fhe.api.parts import (
+        DEFAULT_CALIB_SAMPLES,
+        DEFAULT_QUANT,
+        TfheParams,
+        TrainConfig,
+        compile_model,
+        config_for_task,
+        load_task,
+        train,
+        train_program,
+    )
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

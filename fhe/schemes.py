@@ -5,14 +5,49 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypeVar
 
 from fhe.ckks.approx import ApproxConfig
 from fhe.scheme import Scheme
 from quant.config import QuantConfig
 
-__all__ = ["RANGES", "CkksEngine", "CkksLayout", "CkksParams", "Scheme", "TfheParams"]
+E = TypeVar("E", bound=Enum)
 
-RANGES = ("calibrated", "proven")
+__all__ = [
+    "CkksEngine",
+    "CkksLayout",
+    "CkksParams",
+    "LayoutOption",
+    "Ranges",
+    "Rounding",
+    "Scheme",
+    "TfheParams",
+    "as_enum",
+]
+
+
+def as_enum(kind: type[E], value, what: str) -> E:
+    """``value`` (a member or its string) as a member of ``kind``; a ValueError naming ``what`` and
+    the choices otherwise."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in kind)
+        raise ValueError(f"{what} must be one of {choices}, got {value!r}") from None
+
+
+class Ranges(str, Enum):
+    """Where a TFHE value's bit width comes from (see :class:`TfheParams`)."""
+
+    CALIBRATED = "calibrated"  # the calibration set; the client refuses inputs that would overflow
+    PROVEN = "proven"  # interval arithmetic over every input the client accepts (wider, slower)
+
+
+class Rounding(str, Enum):
+    """Concrete's rounding of a lookup's input (``TfheParams.exact_rounding``)."""
+
+    EXACT = "exact"  # extra PBS; encrypted == clear program
+    APPROXIMATE = "approximate"  # cheaper; near a rounding boundary it may read the neighbour
 
 
 @dataclass(frozen=True)
@@ -46,12 +81,11 @@ class TfheParams:
     loop_parallelize: bool = True
     inputset_size: int = 500
     exact_rounding: bool = True
-    ranges: str = "calibrated"
+    ranges: Ranges = Ranges.CALIBRATED
     compress_keys: bool = True
 
     def __post_init__(self) -> None:
-        if self.ranges not in RANGES:
-            raise ValueError(f"ranges must be one of {RANGES}, got {self.ranges!r}")
+        object.__setattr__(self, "ranges", as_enum(Ranges, self.ranges, "ranges"))
         for name in ("p_error", "global_p_error"):
             v = getattr(self, name)
             if v is not None and not 0 < v < 1:
@@ -74,6 +108,14 @@ class CkksLayout(str, Enum):
     PACKED = (
         "packed"  # one sample's activations in one ciphertext, rotations: the latency of one query
     )
+
+
+class LayoutOption(str, Enum):
+    """``--layout``: a :class:`CkksLayout`, or AUTO (``fhe.api.choose_layout`` picks one)."""
+
+    AUTO = "auto"
+    BATCH = "batch"
+    PACKED = "packed"
 
 
 class CkksEngine(str, Enum):

@@ -5,6 +5,7 @@ the dataclass)."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import json
 import types
@@ -67,17 +68,20 @@ def _click_type(hint, low) -> tuple[object, bool]:
         return click.FloatRange(min=low), False
     if hint is Path:
         return click.Path(path_type=Path), False
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):  # the dataclass makes the member
+        return click.Choice([m.value for m in hint]), False
     return str, False
 
 
 def options_from(config_type):
     """A decorator adding one ``--field-name`` option per field of ``config_type``, its default and
-    help from the dataclass. Field metadata (:func:`fhe.api._common.option_field`) may add ``help``,
-    ``min`` (numbers), ``choices``, ``option`` (another option name; the command still receives the
-    field's name), ``pair`` (an on/off pair for a bool that defaults to False), ``json`` (a JSON
-    object, {} when not given) and ``cli=False`` (no option). A bool that defaults to False is a
-    flag, one that defaults to True an on/off pair. The command receives the options as keyword
-    arguments; :func:`config_from` rebuilds the configuration."""
+    help from the dataclass; an Enum field's choices are its values. Field metadata
+    (:func:`fhe.api._common.option_field`) may add ``help``, ``min`` (numbers), ``choices``,
+    ``option`` (another option name; the command still receives the field's name), ``pair`` (an
+    on/off pair for a bool that defaults to False), ``json`` (a JSON object, {} when not given) and
+    ``cli=False`` (no option). A bool that defaults to False is a flag, one that defaults to True an
+    on/off pair. The command receives the options as keyword arguments; :func:`config_from`
+    rebuilds the configuration."""
     hints = typing.get_type_hints(config_type)
 
     def decorate(fn):
@@ -114,13 +118,14 @@ def _option(f: dataclasses.Field, hint):
         )
     if "choices" in meta:
         kind = click.Choice([str(c) for c in meta["choices"]])
+    default = f.default.value if isinstance(f.default, enum.Enum) else f.default
     return click.option(
         name,
         f.name,
         type=kind,
-        default=f.default,
+        default=default,
         help=help_text,
-        show_default=f.default is not None,
+        show_default=default is not None,
     )
 
 

@@ -41,6 +41,7 @@ from fhe.api.compile import (
     one_encrypted_sample,
     save_artifacts,
 )
+from fhe.api.quantize import QuantizeOptions, quantize_file
 from fhe.api.recipes import Recipe, recipe_for
 from fhe.api.train import (
     EncryptionInputs,
@@ -48,7 +49,6 @@ from fhe.api.train import (
     TrainRequest,
     load_for_encryption,
     load_model_and_task,
-    quantize_file,
     train_model,
     with_recipe,
 )
@@ -62,6 +62,7 @@ __all__ = [
     "EncryptionInputs",
     "LayoutChoice",
     "NoParametersError",
+    "QuantizeOptions",
     "Recipe",
     "SampleCheck",
     "SchemeSteps",

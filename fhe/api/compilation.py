@@ -11,12 +11,23 @@ import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fhe.api._common import Echo, option_field
+from fhe.ckks.approx import ApproxConfig
 from fhe.errors import BadOptionError
-from fhe.schemes import RANGES, Scheme
+from fhe.schemes import (
+    CkksEngine,
+    CkksParams,
+    LayoutOption,
+    Ranges,
+    Rounding,
+    Scheme,
+    TfheParams,
+    as_enum,
+)
 from quant.config import RangeMode
 
 if TYPE_CHECKING:
@@ -26,8 +37,8 @@ if TYPE_CHECKING:
     from models.training import Checkpoint
 
 SCHEMES = tuple(s.value for s in Scheme)
-LAYOUTS = ("auto", "batch", "packed")  # auto: fhe/api/schemes/ckks.py's choose_layout
-ENGINES = ("tenseal", "openfhe", "auto")
+# the defaults below are the parameter classes' own, declared there once
+_TFHE, _CKKS, _APPROX = TfheParams(), CkksParams(), ApproxConfig()
 
 
 @dataclass(frozen=True)
@@ -36,7 +47,7 @@ class CompileOptions:
     are generated from these fields (their defaults and help). TFHE quantization options left None
     take what the model file records (``fhe train --qat-bits``), else the TFHE defaults."""
 
-    scheme: str = option_field("tfhe", "", choices=SCHEMES)
+    scheme: Scheme = option_field(Scheme.TFHE, "")
     # TFHE
     n_bits: int | None = option_field(
         None,
@@ -57,37 +68,35 @@ class CompileOptions:
         "TFHE, Inhibitor kinds: the lookups that produce Q, K and V read at most this many bits "
         "(default 4; 0: as --lut-bits).",
     )
-    range_mode: str | None = option_field(
-        None,
-        "Calibration ranges (default percentile: clips outliers).",
-        choices=tuple(m.value for m in RangeMode),
+    range_mode: RangeMode | None = option_field(
+        None, "Calibration ranges (default percentile: clips outliers)."
     )
-    rounding: str = option_field(
-        "exact",
+    rounding: Rounding = option_field(
+        Rounding.EXACT if _TFHE.exact_rounding else Rounding.APPROXIMATE,
         "TFHE: Concrete's exact rounding (encrypted == clear program), or its approximate rounding "
         "(cheaper; values near a rounding boundary may read the neighbouring entry).",
-        choices=("exact", "approximate"),
     )
-    ranges: str = option_field(
-        "calibrated",
+    ranges: Ranges = option_field(
+        _TFHE.ranges,
         "TFHE: bit widths from the calibration set (inputs that would overflow one are refused by "
         "the client), or proven by interval arithmetic for every accepted input (wider, slower).",
-        choices=RANGES,
     )
     compress_keys: bool = option_field(
-        True,
+        _TFHE.compress_keys,
         "TFHE: seeded evaluation keys (~4-5x fewer bytes to store and upload; the server expands "
         "them on load, same memory and speed there).",
     )
     p_error: float | None = option_field(None, "Per-PBS error probability.")
-    global_p_error: float | None = option_field(1e-5, "")
+    global_p_error: float | None = option_field(_TFHE.global_p_error, "")
     n_calib: int | None = option_field(
         None,
         "Calibration samples from the training split (default: 2000 for TFHE; 5000 for CKKS, whose "
         "polynomials diverge outside their intervals, so intervals must cover the tails).",
         option="--calib",
     )
-    inputset: int = option_field(500, "Calibration samples Concrete evaluates when compiling.")
+    inputset: int = option_field(
+        _TFHE.inputset_size, "Calibration samples Concrete evaluates when compiling."
+    )
     data_dir: Path | None = option_field(None, "")
     # CKKS
     poly_modulus_degree: int | None = option_field(
@@ -95,48 +104,56 @@ class CompileOptions:
         "CKKS ring size (default: the smallest whose 128-bit chain holds the program's depth).",
         choices=("8192", "16384", "32768"),
     )
-    scale_bits: int = option_field(40, "CKKS scale 2^bits.")
+    scale_bits: int = option_field(_CKKS.scale_bits, "CKKS scale 2^bits.")
     outer_bits: int = option_field(
-        60,
+        _CKKS.outer_bits,
         "CKKS: bits of the chain's first and special primes (smaller ones leave room for more "
         "levels or a larger scale; the first must hold the output's integer part).",
     )
     refresh: bool = option_field(
-        False,
+        _CKKS.refresh,
         "CKKS: allow client-assisted refreshes (the data owner decrypts and re-encrypts "
         "ciphertexts that run out of levels). Off by default; counted in the report.",
     )
     reciprocal_tol: float = option_field(
-        1e-2, "CKKS: relative error of the Goldschmidt 1/x (sets the iteration count)."
+        _APPROX.reciprocal_tol,
+        "CKKS: relative error of the Goldschmidt 1/x (sets the iteration count).",
     )
     activation_tol: float = option_field(
-        2e-2, "CKKS: max error of the GELU/ReLU polynomial on its interval (sets the degree)."
+        _APPROX.activation_tol,
+        "CKKS: max error of the GELU/ReLU polynomial on its interval (sets the degree).",
     )
-    max_degree: int = option_field(31, "CKKS: activation degree cap.")
+    max_degree: int = option_field(_APPROX.max_degree, "CKKS: activation degree cap.")
     margin: float = option_field(
-        0.2, "CKKS: widen calibrated intervals by this fraction of their width on each side."
+        _APPROX.margin,
+        "CKKS: widen calibrated intervals by this fraction of their width on each side.",
     )
-    layout: str = option_field(
-        "auto",
+    layout: LayoutOption = option_field(
+        LayoutOption.AUTO,
         "CKKS: batch (samples in the SIMD slots: N/2 samples per run at the cost of one) or packed "
         "(one sample per ciphertext, rotations: the latency of one query). auto: packed for `fhe "
         "compile` (one query), batch for `fhe compare` (a dataset) and with --refresh.",
-        choices=LAYOUTS,
     )
-    engine: str = option_field(
-        "tenseal",
+    engine: CkksEngine = option_field(
+        _CKKS.engine,
         "CKKS library: tenseal (SEAL; one modulus chain, no bootstrapping) or openfhe (bootstraps "
         "on the server where the chain runs out, so a deep model needs no refresh; packed layout; "
         "runs in a Python 3.10 worker, `make install` builds it). auto: tenseal when the program "
         "fits its one chain, else openfhe.",
-        choices=ENGINES,
     )
 
     def __post_init__(self) -> None:
-        if self.scheme not in SCHEMES:
-            raise BadOptionError(f"scheme must be tfhe or ckks, got {self.scheme!r}")
-        if self.layout not in LAYOUTS:
-            raise BadOptionError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        """Strings (the CLI's, a script's) become the fields' enums; an unknown one is a usage
+        error naming the choices."""
+        enums: dict[str, type[Enum]] = {"scheme": Scheme, "rounding": Rounding, "ranges": Ranges}
+        enums |= {"layout": LayoutOption, "engine": CkksEngine, "range_mode": RangeMode}
+        for name, kind in enums.items():
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    object.__setattr__(self, name, as_enum(kind, value, name))
+                except ValueError as exc:
+                    raise BadOptionError(str(exc)) from None
 
     @classmethod
     def from_mapping(cls, opts: Mapping) -> CompileOptions:

@@ -32,7 +32,7 @@ import numpy as np
 
 from fhe.api._common import Echo, silent
 from fhe.errors import BadOptionError, FheError
-from fhe.schemes import Scheme
+from fhe.schemes import LayoutOption, Scheme
 
 MAX_COMPILE_PBS = (
     40_000  # Concrete's compile of a larger circuit needs more memory than 24 GB holds
@@ -145,9 +145,8 @@ def _one_length(
 ) -> LengthCost:
     from fhe.api.compile import CompileOptions, compile_file, keygen, one_encrypted_sample
 
-    options = CompileOptions(
-        scheme=scheme.value, data_dir=data_dir, layout="auto" if scheme is Scheme.TFHE else "packed"
-    )
+    layout = LayoutOption.AUTO if scheme is Scheme.TFHE else LayoutOption.PACKED
+    options = CompileOptions(scheme=scheme, data_dir=data_dir, layout=layout)
     bits = None
     if scheme is Scheme.TFHE:
         pbs, bits = _tfhe_preflight(path, data_dir)

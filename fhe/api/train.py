@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from fhe.api._common import option_field
 from fhe.api.recipes import Recipe
-from fhe.errors import BadOptionError, FheError
+from fhe.errors import BadOptionError
 from models.config import Activation, AttentionKind, InputKind, NormKind, Pooling
 from models.presets import PRESETS
 
@@ -502,41 +502,3 @@ def load_for_encryption(
     except (NoEncryptedTextError, KeyError) as exc:
         raise BadOptionError(f"{model_path}: {exc}") from exc
     return EncryptionInputs(dataclasses.replace(ckpt, model=model), embedded_task(data, text), text)
-
-
-def quantize_file(
-    model_path: str | Path,
-    config,
-    n_calib: int = 500,
-    data_dir: str | Path | None = None,
-    n_test: int | None = None,
-    policy: str = "clip",
-):
-    """``fhe quantize``: the model's integer program under ``config`` (a
-    :class:`~quant.QuantConfig`), with its bit widths and float vs integer accuracy on the first
-    ``n_test`` test samples. Returns (program, summary)."""
-    from models.training import predict
-    from quant import ExportError, OverflowPolicy, RangeOverflowError, export
-    from quant.report import accuracy, program_summary
-
-    inputs = load_for_encryption(model_path, data_dir)
-    ckpt, data = inputs.checkpoint, inputs.data
-    try:
-        program = export(ckpt.model, data.x_train[:n_calib], config)
-    except ExportError as exc:
-        raise FheError(str(exc)) from exc
-    x, y = data.x_test[:n_test], data.y_test[:n_test].numpy()
-    try:
-        out_int, clipped = program.run_int(program.quantize_input(x), OverflowPolicy(policy))
-    except RangeOverflowError as exc:
-        raise FheError(str(exc)) from exc
-    summary = program_summary(program.graph)
-    summary.update(
-        n_bits=config.n_bits,
-        float_accuracy=accuracy(predict(ckpt.model, x).numpy(), y),
-        int_accuracy=accuracy(program.dequantize_output(out_int), y),
-        n_test=len(y),
-        clipped_values=sum(clipped.values()),
-        input_clipped=program.input_clip_count(x),
-    )
-    return program, summary

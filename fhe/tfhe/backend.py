@@ -22,7 +22,7 @@ from concrete import fhe
 from fhe.artifacts import verify
 from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
-from fhe.schemes import Scheme, TfheParams
+from fhe.schemes import Ranges, Scheme, TfheParams
 from fhe.tfhe import restore_sigpipe
 from fhe.tfhe.recipe import estimated_latency_s, stage_table
 from quant.graph_io import load_graph, save_graph
@@ -218,7 +218,7 @@ class TfheBackend:
         input_range = input_range or (inp.lo, inp.hi)
         meta = dict(meta or {})
         meta["ranges"] = params.ranges
-        if params.ranges == "proven":
+        if params.ranges is Ranges.PROVEN:
             meta["widened_nodes"] = widen_to_proven(graph, *input_range)
         else:
             meta["overflow_risks"] = overflow_risks(graph, *input_range)

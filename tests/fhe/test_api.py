@@ -78,3 +78,74 @@ def test_auto_layout_packs_one_query_and_batches_a_dataset():
     assert "--refresh" in refreshed.reason and "asked" in asked.reason
     with pytest.raises(BadOptionError, match="layout"):
         api.CompileOptions(scheme="ckks", layout="diagonal")
+
+
+def test_compile_options_hold_enums_and_the_parameter_classes_defaults():
+    from fhe.ckks.approx import ApproxConfig
+    from fhe.schemes import (
+        CkksEngine,
+        CkksParams,
+        LayoutOption,
+        Ranges,
+        Rounding,
+        Scheme,
+        TfheParams,
+    )
+    from quant.config import RangeMode
+
+    opts = api.CompileOptions(
+        scheme="ckks", rounding="approximate", ranges="proven", layout="packed", range_mode="minmax"
+    )
+    assert (opts.scheme, opts.rounding, opts.ranges, opts.layout, opts.range_mode) == (
+        Scheme.CKKS,
+        Rounding.APPROXIMATE,
+        Ranges.PROVEN,
+        LayoutOption.PACKED,
+        RangeMode.MINMAX,
+    )
+    assert all(
+        isinstance(v, type(w))
+        for v, w in [(opts.scheme, Scheme.TFHE), (opts.engine, CkksEngine.TENSEAL)]
+    )
+    # each default is declared once, by the parameters the backends take
+    default, tfhe, ckks, approx = api.CompileOptions(), TfheParams(), CkksParams(), ApproxConfig()
+    assert (default.global_p_error, default.inputset, default.ranges, default.compress_keys) == (
+        tfhe.global_p_error,
+        tfhe.inputset_size,
+        tfhe.ranges,
+        tfhe.compress_keys,
+    )
+    assert (default.rounding is Rounding.EXACT) == tfhe.exact_rounding
+    assert (default.scale_bits, default.outer_bits, default.engine) == (
+        ckks.scale_bits,
+        ckks.outer_bits,
+        ckks.engine,
+    )
+    assert (default.reciprocal_tol, default.activation_tol, default.max_degree) == (
+        approx.reciprocal_tol,
+        approx.activation_tol,
+        approx.max_degree,
+    )
+    for field, bad in [("rounding", "nearest"), ("ranges", "guessed"), ("engine", "seal")]:
+        with pytest.raises(BadOptionError, match=f"{field} must be one of"):
+            api.CompileOptions(**{field: bad})
+
+
+def test_quantize_options_give_the_library_quantization_by_default():
+    from quant import QuantConfig
+    from quant.config import Granularity, RangeMode
+
+    assert api.QuantizeOptions().config() == QuantConfig()
+    cfg = api.QuantizeOptions(
+        n_bits=4, per_channel=True, asymmetric=True, range_mode="percentile"
+    ).config()
+    assert (cfg.n_bits, cfg.weight_granularity, cfg.symmetric, cfg.range_mode) == (
+        4,
+        Granularity.PER_CHANNEL,
+        False,
+        RangeMode.PERCENTILE,
+    )
+    with pytest.raises(BadOptionError, match="n_bits"):
+        api.QuantizeOptions(n_bits=1).config()
+    with pytest.raises(BadOptionError, match="range_mode"):
+        api.QuantizeOptions(range_mode="median")

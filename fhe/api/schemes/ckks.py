@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fhe.api._common import Echo
 from fhe.api.compilation import SchemeSteps, register_steps
 from fhe.errors import BadOptionError, FheError
-from fhe.schemes import Scheme
+from fhe.schemes import CkksEngine, CkksLayout, LayoutOption, Scheme
 
 # polynomials diverge outside their intervals: the intervals must cover the tails
 CKKS_CALIB_SAMPLES = 5000
@@ -20,7 +20,7 @@ CKKS_CALIB_SAMPLES = 5000
 class LayoutChoice:
     """The CKKS layout a run uses, and why (printed in the report and kept in its JSON)."""
 
-    layout: str
+    layout: CkksLayout
     reason: str
 
 
@@ -29,20 +29,24 @@ def choose_layout(options, for_dataset: bool) -> LayoutChoice:
     gets the packed layout, whose latency is that of one sample; a dataset (``fhe compare``) gets
     the batch layout, N/2 samples per run for the cost of one; a client-assisted refresh exists
     only in the batch layout. An explicit ``--layout`` is kept as asked."""
-    if options.layout != "auto":
-        return LayoutChoice(options.layout, f"--layout {options.layout} asked for")
-    if options.engine == "openfhe":
-        return LayoutChoice("packed", "auto: the OpenFHE engine bootstraps the packed layout only")
+    if options.layout is not LayoutOption.AUTO:
+        asked = CkksLayout(options.layout.value)
+        return LayoutChoice(asked, f"--layout {asked.value} asked for")
+    if options.engine is CkksEngine.OPENFHE:
+        return LayoutChoice(
+            CkksLayout.PACKED, "auto: the OpenFHE engine bootstraps the packed layout only"
+        )
     if for_dataset:
         return LayoutChoice(
-            "batch", "auto: a dataset, so the batch layout (N/2 samples per run at the cost of one)"
+            CkksLayout.BATCH,
+            "auto: a dataset, so the batch layout (N/2 samples per run at the cost of one)",
         )
     if options.refresh:
         return LayoutChoice(
-            "batch", "auto: --refresh asked for, and only the batch layout refreshes"
+            CkksLayout.BATCH, "auto: --refresh asked for, and only the batch layout refreshes"
         )
     return LayoutChoice(
-        "packed",
+        CkksLayout.PACKED,
         "auto: one query, so the packed layout (the latency of one sample; --layout batch for "
         "throughput)",
     )
@@ -57,12 +61,12 @@ class CkksSteps(SchemeSteps):
 
     def target(self, options) -> str:
         layout = choose_layout(options, for_dataset=False)
-        return f"CKKS (polynomial program, {layout.layout} layout; {layout.reason})"
+        return f"CKKS (polynomial program, {layout.layout.value} layout; {layout.reason})"
 
     def prepare(self, options, meta: dict, for_dataset: bool):
         choice = choose_layout(options, for_dataset)
         meta["layout_reason"] = choice.reason
-        return dataclasses.replace(options, layout=choice.layout)
+        return dataclasses.replace(options, layout=LayoutOption(choice.layout.value))
 
     def compile(self, ckpt, calib_x, options, meta: dict, simulate_only: bool, on_message: Echo):
         from fhe.ckks import ApproxConfig, PolynomialError
@@ -77,7 +81,7 @@ class CkksSteps(SchemeSteps):
                 scale_bits=options.scale_bits,
                 outer_bits=options.outer_bits,
                 refresh=options.refresh,
-                layout=options.layout,
+                layout=CkksLayout(options.layout.value),
                 engine=options.engine,
                 approx=ApproxConfig(
                     reciprocal_tol=options.reciprocal_tol,
@@ -92,7 +96,7 @@ class CkksSteps(SchemeSteps):
             try:
                 return compile_model(ckpt.model, calib_x, params, meta=meta)
             except DepthError as exc:
-                if not simulate_only or options.layout == "packed":
+                if not simulate_only or options.layout is LayoutOption.PACKED:
                     raise
                 on_message(
                     f"note: {exc.summary}; simulating anyway (no encryption), parameters planned "

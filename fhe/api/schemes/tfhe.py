@@ -45,7 +45,7 @@ class TfheSteps(SchemeSteps):
 
     def compile(self, ckpt, calib_x, options, meta: dict, simulate_only: bool, on_message: Echo):
         from fhe.harness import compile_model
-        from fhe.schemes import TfheParams
+        from fhe.schemes import Rounding, TfheParams
         from fhe.tfhe.recipe import resolve_quant
         from quant import BitWidthError, ExportError
 
@@ -58,7 +58,7 @@ class TfheSteps(SchemeSteps):
                 p_error=options.p_error,
                 global_p_error=options.global_p_error,
                 inputset_size=options.inputset,
-                exact_rounding=options.rounding == "exact",
+                exact_rounding=options.rounding is Rounding.EXACT,
                 ranges=options.ranges,
                 compress_keys=options.compress_keys,
             )
