@@ -2,7 +2,7 @@
 
 
 class FheError(RuntimeError):
-    pass
+    """The work failed (the CLI exits 1); every error of the toolkit derives from it."""
 
 
 class NotCompiledError(FheError):

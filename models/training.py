@@ -75,11 +75,13 @@ def config_for_task(task: TaskData, **overrides) -> TransformerConfig:
 
 @torch.no_grad()
 def predict(model: nn.Module, x: Tensor, batch_size: int = 512) -> Tensor:
+    """The model's outputs on ``x`` in eval mode, in batches."""
     model.eval()
     return torch.cat([model(x[i : i + batch_size]) for i in range(0, len(x), batch_size)])
 
 
 def evaluate(model: nn.Module, task: TaskData) -> float:
+    """The model's test score on ``task`` (its metric)."""
     return score(task.metric, predict(model, task.x_test), task.y_test)
 
 
@@ -225,6 +227,8 @@ def _read_payload(path: Path) -> dict:
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
+    """A model file written by :func:`save_checkpoint` (weights through safetensors, never
+    unpickled)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(

@@ -59,6 +59,7 @@ def twin_forward(
 
 
 def program_score(program: QuantizedProgram, task: TaskData) -> float:
+    """The integer program's test score on ``task`` (out-of-width values clipped and counted)."""
     out = program.forward(task.x_test, policy=OverflowPolicy.CLIP)
     return task.score(torch.from_numpy(np.asarray(out)), task.y_test)
 

@@ -27,6 +27,8 @@ def node_rows(graph: Graph) -> list[dict]:
 
 
 def program_summary(graph: Graph) -> dict:
+    """The integer program's widths and lookup counts (max bit width, lookup input bits, PBS
+    estimate, per-stage counts) as ``fhe quantize`` reports them."""
     luts = [n for n in graph.nodes.values() if n.op == "lut"]
     lut_bits = [b for n in luts if (b := n.lut_input_bits(graph)) is not None]  # calibrated
     per_tag: dict[str, int] = {}
@@ -65,4 +67,5 @@ def format_program(graph: Graph, limit: int = LUT_BIT_LIMIT) -> str:
 
 
 def accuracy(outputs: np.ndarray, labels: np.ndarray) -> float:
+    """The fraction of rows of ``outputs`` whose argmax is the label."""
     return float((np.asarray(outputs).argmax(-1) == np.asarray(labels)).mean())

@@ -65,3 +65,16 @@ def test_every_name_of_the_parts_module_resolves():
     from models.training import train
 
     assert parts.compile_model is compile_model and parts.train is train
+
+
+def test_every_public_name_of_the_api_says_what_it_is():
+    from fhe import api
+    from fhe.api import parts
+
+    undocumented = [
+        f"{mod.__name__}.{name}"
+        for mod in (api, parts)
+        for name in mod.__all__
+        if callable(obj := getattr(mod, name)) and not (obj.__doc__ or "").strip()
+    ]
+    assert undocumented == []

@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = ("models", "quant", "fhe", "circuits")
+LIBRARY = ("models", "quant", "fhe", "circuits", "fhe_cli")
 
 
 def test_a_wheel_holds_every_package_and_runs_outside_the_checkout(tmp_path):
@@ -58,7 +58,8 @@ def test_a_wheel_holds_every_package_and_runs_outside_the_checkout(tmp_path):
     )
     # -P: the working directory (this checkout's sources) is not put on sys.path
     probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import fhe, fhe.api, fhe.deploy.server; "
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "import fhe, fhe.api, fhe.api.parts, fhe.deploy.server; "
         "assert fhe.__file__.startswith(sys.argv[1]), fhe.__file__; "
         "from fhe_cli import main; main(['--help'])"
     )

@@ -4,10 +4,13 @@ explicit scheme parameters, and the service client. The one-call API (:mod:`fhe.
 files; these work on objects. Every benchmark imports the toolkit from here or from :mod:`fhe.api`.
 
     from fhe.api import parts
-    data = parts.load_task("digits")
-    model = parts.train(parts.config_for_task(data), data, parts.TrainConfig(epochs=5)).model
-    compiled = parts.compile_model(model, data.x_train[:2000], parts.TfheParams())
-    compiled.keygen(); print(compiled.encrypt_run_decrypt(data.x_test[:1]))
+    data = parts.load_task("digits", patch=4)
+    cfg = parts.config_for_task(data, attention="inhibitor", d_model=16, norm="batchnorm")
+    model = parts.train(cfg, data, parts.TrainConfig(epochs=5)).model
+    params = parts.TfheParams(quant=parts.DEFAULT_QUANT)
+    compiled = parts.compile_model(model, data.x_train[:500], params, parts.DEFAULT_QUANT)
+    x = data.x_test[:1]  # TFHE runs one sample at a time
+    compiled.keygen(); print(compiled.encrypt_run_decrypt(x[0]), compiled.clear(x)[0])  # equal
 
 =========================  ================================================================
 data and models            :data:`TASKS`, :func:`load_task`, :func:`load_task_of`,

@@ -14,6 +14,8 @@ from fhe.errors import BadOptionError
 
 
 class Recipe(str, Enum):
+    """A named training recipe (``fhe train --recipe``): the options one scheme compiles best."""
+
     TFHE = "tfhe"  # small lookups: few tokens, QAT through the integer program
     CKKS = "ckks"  # shallow polynomials: the length-agnostic PowerSoftmax, x², quad activation
     CKKS_DEEP = "ckks-deep"  # the paper's: LayerNorm, polynomial GELU, 2 blocks (bootstrapped)

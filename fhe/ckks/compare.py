@@ -31,6 +31,9 @@ def compare_ckks(
     execute: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
+    """``fhe compare --scheme ckks``: float, float inference form, clear polynomial program and
+    (``execute``) encrypted outputs of the samples ``x``, with accuracies against ``y``, argmax
+    agreement and errors between them."""
     backend = compiled.backend
     x_np = np.asarray(x, dtype=np.float64)
     outputs = {

@@ -71,6 +71,9 @@ def dequantize_output(meta: dict, y: np.ndarray) -> np.ndarray:
 
 
 class Client:
+    """The data owner's side of ``fhe serve`` on the client artifact ``client_dir`` (the module's
+    docstring shows its use); without ``url``, it encrypts and decrypts locally only."""
+
     def __init__(
         self,
         client_dir: str | Path,

@@ -167,6 +167,8 @@ class Preflight:
 
 
 def estimated_latency_s(circuit) -> float:
+    """Concrete's complexity of ``circuit`` in seconds, at :data:`SECONDS_PER_COMPLEXITY` (measured
+    on this project's 2-core machine in a fast hour): an estimate for planning."""
     return float(circuit.complexity) * SECONDS_PER_COMPLEXITY
 
 
