@@ -26,7 +26,7 @@ from fhe.ckks.program import PolynomialError
 from fhe.ckks.seal import galois_keys_memory, make_galois_keys
 from fhe.harness import compile_model
 from fhe.schemes import CkksLayout, CkksParams
-from models.config import Activation, AttentionKind, NormKind, TransformerConfig
+from models.config import Activation, AttentionKind, NormKind, PowerForm, TransformerConfig
 from models.transformer import Transformer
 
 # the default sweep: one representative per family (the signed Inhibitor and the Activator share
@@ -135,7 +135,7 @@ def model_for(
         n_heads=n_heads,
         norm=NormKind.NONE,
         ffn_activation=Activation.GELU,
-        power_form="length-agnostic",
+        power_form=PowerForm.LENGTH_AGNOSTIC,
         power_eps=0.5,
     )  # ε: untrained scores are wide
     torch.manual_seed(0)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TypeVar
 
 from fhe.ckks.approx import ApproxConfig
 from fhe.scheme import Scheme
+from models.config import as_enum
 from quant.config import QuantConfig
-
-E = TypeVar("E", bound=Enum)
 
 __all__ = [
     "CkksEngine",
@@ -22,18 +20,7 @@ __all__ = [
     "Rounding",
     "Scheme",
     "TfheParams",
-    "as_enum",
 ]
-
-
-def as_enum(kind: type[E], value, what: str) -> E:
-    """``value`` (a member or its string) as a member of ``kind``; a ValueError naming ``what`` and
-    the choices otherwise."""
-    try:
-        return kind(value)
-    except ValueError:
-        choices = ", ".join(m.value for m in kind)
-        raise ValueError(f"{what} must be one of {choices}, got {value!r}") from None
 
 
 class Ranges(str, Enum):

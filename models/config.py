@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
+from typing import TypeVar
+
+E = TypeVar("E", bound=Enum)
 
 
 class AttentionKind(str, Enum):
@@ -50,6 +53,13 @@ class Pooling(str, Enum):
     # the output of the last word (right-padded token inputs): with causal attention, a next-word
     # language model; under encryption the client picks that row of the per-position outputs
     LAST = "last"
+
+
+class PowerForm(str, Enum):
+    """The PowerSoftmax form a model trains in (PowerSoftmax paper)."""
+
+    STABLE = "stable"  # Eqs. 5-6 in training, Eq. 7 at inference
+    LENGTH_AGNOSTIC = "length-agnostic"  # Eq. 7 with ε throughout: the polynomial model's form
 
 
 # the kinds whose attention takes a mask (key padding, causal); the others are token-local
@@ -103,7 +113,7 @@ class TransformerConfig:
     inhibitor_gamma: float | None = None
     power_p: int = 4
     power_eps: float = 1e-3
-    power_form: str = "stable"
+    power_form: PowerForm = PowerForm.STABLE
     dct_n_bar: int | None = None
     dct_ideal: bool = False
     dropout: float = 0.0
@@ -131,10 +141,7 @@ class TransformerConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.power_p <= 0 or self.power_p % 2:
             raise ValueError(f"power_p must be a positive even integer, got {self.power_p}")
-        if self.power_form not in ("stable", "length-agnostic"):
-            raise ValueError(
-                f"power_form must be 'stable' or 'length-agnostic', got {self.power_form!r}"
-            )
+        object.__setattr__(self, "power_form", as_enum(PowerForm, self.power_form, "power_form"))
         if self.tie_qk and self.attention not in (
             AttentionKind.INHIBITOR,
             AttentionKind.SIGNED_INHIBITOR,
@@ -207,6 +214,16 @@ class TransformerConfig:
     def from_dict(cls, data: dict) -> TransformerConfig:
         # model files written before masks existed attended to padding: they keep doing so
         return dataclass_from_dict(cls, {"mask_padding": False, **data})
+
+
+def as_enum(kind: type[E], value, what: str) -> E:
+    """``value`` (a member or its string) as a member of ``kind``; a ValueError naming ``what`` and
+    the choices otherwise."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in kind)
+        raise ValueError(f"{what} must be one of {choices}, got {value!r}") from None
 
 
 def dataclass_from_dict(cls, data: dict):

@@ -1,10 +1,14 @@
-"""What every API module shares: the message callback type and its silent default, and option
-fields (a configuration field that also declares its command-line option)."""
+"""What every API module shares: the message callback type and its silent default, option fields
+(a configuration field that also declares its command-line option) and their enums."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import field
+from enum import Enum
+
+from fhe.errors import BadOptionError
+from models.config import as_enum
 
 Echo = Callable[[str], None]
 
@@ -19,3 +23,16 @@ def option_field(default, help: str = "", **extra):
     defaults to False), ``json`` (a JSON object), ``cli=False`` (no option).
     :func:`fhe_cli._common.options_from` generates the options from these."""
     return field(default=default, metadata={"help": help, **extra})
+
+
+def coerce_enums(config, **kinds: type[Enum]) -> None:
+    """In a frozen options dataclass's ``__post_init__``: each field named in ``kinds``, a string
+    (the CLI's, a script's) or a member, becomes a member of its enum; None stays None; an unknown
+    value is a :class:`BadOptionError` naming the choices."""
+    for name, kind in kinds.items():
+        value = getattr(config, name)
+        if value is not None:
+            try:
+                object.__setattr__(config, name, as_enum(kind, value, name))
+            except ValueError as exc:
+                raise BadOptionError(str(exc)) from None

@@ -11,11 +11,10 @@ import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fhe.api._common import Echo, option_field
+from fhe.api._common import Echo, coerce_enums, option_field
 from fhe.ckks.approx import ApproxConfig
 from fhe.errors import BadOptionError
 from fhe.schemes import (
@@ -26,7 +25,6 @@ from fhe.schemes import (
     Rounding,
     Scheme,
     TfheParams,
-    as_enum,
 )
 from quant.config import RangeMode
 
@@ -143,17 +141,15 @@ class CompileOptions:
     )
 
     def __post_init__(self) -> None:
-        """Strings (the CLI's, a script's) become the fields' enums; an unknown one is a usage
-        error naming the choices."""
-        enums: dict[str, type[Enum]] = {"scheme": Scheme, "rounding": Rounding, "ranges": Ranges}
-        enums |= {"layout": LayoutOption, "engine": CkksEngine, "range_mode": RangeMode}
-        for name, kind in enums.items():
-            value = getattr(self, name)
-            if value is not None:
-                try:
-                    object.__setattr__(self, name, as_enum(kind, value, name))
-                except ValueError as exc:
-                    raise BadOptionError(str(exc)) from None
+        coerce_enums(
+            self,
+            scheme=Scheme,
+            rounding=Rounding,
+            ranges=Ranges,
+            layout=LayoutOption,
+            engine=CkksEngine,
+            range_mode=RangeMode,
+        )
 
     @classmethod
     def from_mapping(cls, opts: Mapping) -> CompileOptions:

@@ -7,10 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fhe.api._common import option_field
+from fhe.api._common import coerce_enums, option_field
 from fhe.api.train import load_for_encryption
 from fhe.errors import BadOptionError, FheError
-from fhe.schemes import as_enum
 from quant.config import Granularity, QuantConfig, RangeMode
 
 _QUANT = QuantConfig()
@@ -44,12 +43,7 @@ class QuantizeOptions:
     )
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(
-                self, "range_mode", as_enum(RangeMode, self.range_mode, "range_mode")
-            )
-        except ValueError as exc:
-            raise BadOptionError(str(exc)) from None
+        coerce_enums(self, range_mode=RangeMode)
 
     def config(self) -> QuantConfig:
         """The quantization these options give (:class:`BadOptionError` if it cannot work)."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fhe.api._common import option_field
+from fhe.api._common import coerce_enums, option_field
 from fhe.api.recipes import Recipe
 from fhe.errors import BadOptionError
-from models.config import Activation, AttentionKind, InputKind, NormKind, Pooling
+from models.config import Activation, AttentionKind, InputKind, NormKind, Pooling, PowerForm
 from models.presets import PRESETS
 
 if TYPE_CHECKING:
@@ -24,8 +25,11 @@ if TYPE_CHECKING:
 DEFAULT_SEGMENTS = 16  # --words without --seq-len: the text bucket T
 
 
-def _values(enum) -> tuple[str, ...]:
-    return tuple(e.value for e in enum)
+class QatMethod(str, Enum):
+    """How ``fhe train --qat-bits`` fine-tunes a model for TFHE."""
+
+    PROGRAM = "program"  # through the exported integer program itself (quant/program_qat.py)
+    BREVITAS = "brevitas"  # quantized linear layers only (quant/qat.py)
 
 
 @dataclass(frozen=True)
@@ -39,22 +43,20 @@ class TrainRequest:
         "Training task.",
         choices=tuple(PRESETS),
     )
-    attention: str = option_field(
-        "inhibitor",
+    attention: AttentionKind = option_field(
+        AttentionKind.INHIBITOR,
         "Attention kind (docs/models.md: papers, equations, cost under each scheme).",
-        choices=_values(AttentionKind),
     )
     attention_given: bool = option_field(
         True,
         cli=False,
     )  # False: a default; --init's kind wins
-    recipe: str | None = option_field(
+    recipe: Recipe | None = option_field(
         None,
         "A named recipe for the task (digits, imdb, imdb-lm): tfhe (small lookups; digits: the "
         "make demo model), ckks (shallow polynomials) or ckks-deep (digits: the PowerSoftmax "
         "paper's LayerNorm, GELU, 2 blocks; --engine auto bootstraps it); it sets every option "
         "you do not give.",
-        choices=_values(Recipe),
     )
     layers: int | None = option_field(
         None,
@@ -110,16 +112,14 @@ class TrainRequest:
         0,
         "Random seed (weights, data order).",
     )
-    norm: str = option_field(
-        "batchnorm",
+    norm: NormKind = option_field(
+        NormKind.BATCHNORM,
         "batchnorm folds into the linear layers at export (free under TFHE and CKKS); layernorm"
         " needs an encrypted 1/sqrt (CKKS only, with depth); none.",
-        choices=_values(NormKind),
     )
-    ffn_activation: str = option_field(
-        "relu",
+    ffn_activation: Activation = option_field(
+        Activation.RELU,
         "FFN activation; quad (0.125x^2 + 0.25x + 0.5) is exact under CKKS at depth 1.",
-        choices=_values(Activation),
     )
     seq_len: int | None = option_field(
         None,
@@ -183,12 +183,11 @@ class TrainRequest:
         "PowerSoftmax power p, a positive even integer (Eq. 4; default 4): under CKKS x^p costs"
         " log2(p) levels.",
     )
-    power_form: str | None = option_field(
+    power_form: PowerForm | None = option_field(
         None,
         "PowerSoftmax training form (default stable, or --init's): stable (Eqs. 5-6) or the "
         "polynomial model's length-agnostic form with ε (Eq. 7), whose division interval ε "
         "bounds from below.",
-        choices=("stable", "length-agnostic"),
     )
     qat_bits: int | None = option_field(
         None,
@@ -202,10 +201,9 @@ class TrainRequest:
         "QAT fine-tuning epochs (default: --epochs).",
         min=1,
     )
-    qat_method: str = option_field(
-        "program",
+    qat_method: QatMethod = option_field(
+        QatMethod.PROGRAM,
         "program: through the exported integer program; brevitas: quantized linear layers only.",
-        choices=("program", "brevitas"),
     )
     qat_attention_bits: int | None = option_field(
         None,
@@ -228,6 +226,17 @@ class TrainRequest:
             json=True,
         ),
     )
+
+    def __post_init__(self) -> None:
+        coerce_enums(
+            self,
+            attention=AttentionKind,
+            recipe=Recipe,
+            norm=NormKind,
+            ffn_activation=Activation,
+            power_form=PowerForm,
+            qat_method=QatMethod,
+        )
 
 
 @dataclass
@@ -442,7 +451,7 @@ def _training_setup(req: TrainRequest):
     if req.attention_given and req.attention != kind:
         raise BadOptionError(
             f"--init {req.init_path} is a {kind} model; fine-tuning keeps its architecture, so "
-            f"--attention {req.attention} cannot apply (train from scratch)"
+            f"--attention {req.attention.value} cannot apply (train from scratch)"
         )
     model_config = base.config.replace(**power)
     init_model = Transformer(model_config)

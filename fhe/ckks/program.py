@@ -33,6 +33,7 @@ from models.config import (
     InputKind,
     NormKind,
     Pooling,
+    PowerForm,
     TransformerConfig,
 )
 from models.fold import fold_norms
@@ -227,7 +228,7 @@ class PolyProgram:
 
     def _inference_eps(self) -> float:
         """ε of the inference form (see PowerSoftmaxAttention.inference_eps)."""
-        return self.config.power_eps if self.config.power_form == "length-agnostic" else 0.0
+        return self.config.power_eps if self.config.power_form is PowerForm.LENGTH_AGNOSTIC else 0.0
 
     def _ffn(self, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
         w, T = self.weights, self.config.seq_len

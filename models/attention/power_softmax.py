@@ -11,7 +11,7 @@ from torch import Tensor
 from models.attention import functional as AF
 from models.attention.base import MultiHeadAttention
 from models.attention.registry import register_attention
-from models.config import AttentionKind, TransformerConfig
+from models.config import AttentionKind, PowerForm, TransformerConfig
 
 
 @register_attention(AttentionKind.POWER_SOFTMAX)
@@ -47,7 +47,7 @@ class PowerSoftmaxAttention(MultiHeadAttention):
     @property
     def inference_eps(self) -> float:
         """ε of the inference form: the model's ε when it was trained in that form, else 0."""
-        return self.eps if self.form == "length-agnostic" else 0.0
+        return self.eps if self.form is PowerForm.LENGTH_AGNOSTIC else 0.0
 
     supports_mask = True
 
@@ -57,7 +57,7 @@ class PowerSoftmaxAttention(MultiHeadAttention):
             self.last_range = AF.power_softmax_range(
                 scores, self.range_threshold
             )  # Eq. (9) summand
-        if self.form == "length-agnostic" or self.inference_form:
+        if self.form is PowerForm.LENGTH_AGNOSTIC or self.inference_form:
             attn = AF.power_softmax(
                 scores, self.p, self.inference_eps, length_agnostic=True, mask=mask
             )  # Eqs. (7), (11)

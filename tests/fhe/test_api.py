@@ -149,3 +149,32 @@ def test_quantize_options_give_the_library_quantization_by_default():
         api.QuantizeOptions(n_bits=1).config()
     with pytest.raises(BadOptionError, match="range_mode"):
         api.QuantizeOptions(range_mode="median")
+
+
+def test_train_request_holds_enums_and_names_the_choices_of_a_bad_one():
+    from fhe.api.recipes import Recipe
+    from fhe.api.train import QatMethod
+    from models.config import Activation, AttentionKind, NormKind, PowerForm
+
+    req = api.TrainRequest(
+        attention="power-softmax",
+        recipe="ckks",
+        norm="layernorm",
+        ffn_activation="gelu",
+        power_form="length-agnostic",
+        qat_method="brevitas",
+    )
+    assert (req.attention, req.recipe, req.norm, req.ffn_activation) == (
+        AttentionKind.POWER_SOFTMAX,
+        Recipe.CKKS,
+        NormKind.LAYERNORM,
+        Activation.GELU,
+    )
+    assert req.power_form is PowerForm.LENGTH_AGNOSTIC and req.qat_method is QatMethod.BREVITAS
+    assert api.TrainRequest().power_form is None and api.TrainRequest().recipe is None
+    with pytest.raises(BadOptionError, match="qat_method must be one of program, brevitas"):
+        api.TrainRequest(qat_method="distill")
+    # the recipe's strings become the same enums
+    assert (
+        api.with_recipe(api.TrainRequest(task="digits", recipe="ckks")).norm is NormKind.BATCHNORM
+    )
