@@ -15,6 +15,7 @@ __all__ = [
     "CkksEngine",
     "CkksLayout",
     "CkksParams",
+    "CompareMode",
     "LayoutOption",
     "Ranges",
     "Rounding",
@@ -103,6 +104,13 @@ class LayoutOption(str, Enum):
     AUTO = "auto"
     BATCH = "batch"
     PACKED = "packed"
+
+
+class CompareMode(str, Enum):
+    """What ``fhe compare`` sets beside the float model and the clear program."""
+
+    SIMULATE = "simulate"  # TFHE: Concrete's simulation (no keys); CKKS: the clear polynomials
+    EXECUTE = "execute"  # encrypted runs (keys made first)
 
 
 class CkksEngine(str, Enum):

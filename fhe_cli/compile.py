@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from fhe.schemes import CompareMode
 from fhe_cli._common import echo_err, library_errors, write_json
 from fhe_cli.fhe_options import fhe_options
 
@@ -85,7 +86,10 @@ def run_cmd(artifact_dir, sample, text, data_dir, allow_overflow) -> None:
 @fhe_options
 @click.option("--n", "n_samples", type=int, default=20, show_default=True, help="Test samples.")
 @click.option(
-    "--mode", type=click.Choice(["simulate", "execute"]), default="simulate", show_default=True
+    "--mode",
+    type=click.Choice([m.value for m in CompareMode]),
+    default=CompareMode.SIMULATE.value,
+    show_default=True,
 )
 @click.option("--json", "json_path", type=click.Path(path_type=Path), default=None)
 @click.option(
@@ -109,7 +113,7 @@ def compare(model_path, n_samples, mode, json_path, workers, ray_address, **opts
     options = api.CompileOptions.from_mapping(opts)
     where = (
         f"{workers or 'cluster'} Ray workers"
-        if mode == "execute" and (workers or ray_address)
+        if mode == CompareMode.EXECUTE.value and (workers or ray_address)
         else "this process"
     )
     shows = api.steps_for(options.scheme).shows_progress

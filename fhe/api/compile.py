@@ -15,6 +15,8 @@ from fhe.api.schemes.ckks import LayoutChoice, choose_layout
 from fhe.api.schemes.tfhe import CircuitMismatchError, NoParametersError
 from fhe.api.train import load_for_encryption
 from fhe.errors import BadOptionError
+from fhe.schemes import CompareMode
+from models.config import as_enum
 
 __all__ = [
     "CircuitMismatchError",
@@ -112,7 +114,7 @@ def compare_file(
     model_path: str | Path,
     options: CompileOptions = CompileOptions(),
     n: int = 20,
-    mode: str = "simulate",
+    mode: CompareMode | str = CompareMode.SIMULATE,
     workers: int = 0,
     ray_address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -121,12 +123,14 @@ def compare_file(
     """``fhe compare``: float vs clear program vs simulated (TFHE) or encrypted predictions on the
     first ``n`` test samples. TFHE ``execute`` runs in this process or on Ray
     (``workers``/``ray_address``)."""
-    if mode not in ("simulate", "execute"):
-        raise BadOptionError(f"mode must be simulate or execute, got {mode!r}")
+    try:
+        mode = as_enum(CompareMode, mode, "mode")
+    except ValueError as exc:
+        raise BadOptionError(str(exc)) from None
     c = compile_file(
         model_path,
         options,
-        simulate_only=mode == "simulate",
+        simulate_only=mode is CompareMode.SIMULATE,
         on_message=on_message,
         for_dataset=True,
     )

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from fhe.errors import FheError
+from fhe.schemes import CompareMode
+from models.config import as_enum
 from models.training import predict
 
 
@@ -29,7 +31,7 @@ def compare_tfhe(
     compiled,
     x: torch.Tensor,
     y: np.ndarray,
-    mode: str = "simulate",
+    mode: CompareMode = CompareMode.SIMULATE,
     workers: int = 0,
     address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -37,11 +39,10 @@ def compare_tfhe(
 ) -> dict:
     """Accuracy, agreement and exact-match figures of ``compiled`` on ``x`` (labels ``y``).
 
-    ``mode="execute"`` needs keys (``compiled.keygen()``); with ``workers`` or ``address`` the
+    ``mode`` EXECUTE needs keys (``compiled.keygen()``); with ``workers`` or ``address`` the
     samples run on Ray (latency is then the batch's wall time over its size: throughput, not
     latency). ``progress(done, total)`` is called after each sample."""
-    if mode not in ("simulate", "execute"):
-        raise ValueError(f"mode must be 'simulate' or 'execute', got {mode!r}")
+    mode = as_enum(CompareMode, mode, "mode")
     flt = predict(compiled.program.model, x).numpy()
     x_int = compiled.program.quantize_input(x)
     clear, accepted = compiled.program.run_int_accepted(x_int)  # the reference, and who is refused
@@ -51,7 +52,7 @@ def compare_tfhe(
             "proven or calibrate on data like them (--calib)"
         )
     todo = x_int[accepted]
-    if mode == "execute" and (workers or address):
+    if mode is CompareMode.EXECUTE and (workers or address):
         from fhe.deploy.batch import execute_compiled
 
         outs, batch = execute_compiled(
@@ -69,7 +70,9 @@ def compare_tfhe(
         for i, xi in enumerate(todo):
             start = time.perf_counter()
             outs.append(
-                backend.simulate(xi) if mode == "simulate" else backend.encrypt_run_decrypt(xi)
+                backend.simulate(xi)
+                if mode is CompareMode.SIMULATE
+                else backend.encrypt_run_decrypt(xi)
             )
             latencies.append(time.perf_counter() - start)
             if progress:
@@ -79,16 +82,16 @@ def compare_tfhe(
     pred = {
         "float": flt.argmax(-1),
         "clear": logits(clear).argmax(-1),
-        mode: logits(fhe_out).argmax(-1),
+        mode.value: logits(fhe_out).argmax(-1),
     }
     return {
         "n": int(len(y)),
-        "mode": mode,
+        "mode": mode.value,
         "n_bits": compiled.program.config.n_bits,
         "accuracy": {k: float((v == y).mean()) for k, v in pred.items()},
         "agreement": {
-            f"{mode}_vs_clear": float((pred[mode] == pred["clear"]).mean()),
-            f"{mode}_vs_float": float((pred[mode] == pred["float"]).mean()),
+            f"{mode.value}_vs_clear": float((pred[mode.value] == pred["clear"]).mean()),
+            f"{mode.value}_vs_float": float((pred[mode.value] == pred["float"]).mean()),
             "clear_vs_float": float((pred["clear"] == pred["float"]).mean()),
         },
         "exact_integer_match": float((fhe_out == clear).reshape(len(y), -1).all(axis=-1).mean()),

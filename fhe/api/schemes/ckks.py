@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fhe.api._common import Echo
 from fhe.api.compilation import SchemeSteps, register_steps
 from fhe.errors import BadOptionError, FheError
-from fhe.schemes import CkksEngine, CkksLayout, LayoutOption, Scheme
+from fhe.schemes import CkksEngine, CkksLayout, CompareMode, LayoutOption, Scheme
 
 # polynomials diverge outside their intervals: the intervals must cover the tails
 CKKS_CALIB_SAMPLES = 5000
@@ -118,4 +118,6 @@ class CkksSteps(SchemeSteps):
     def compare(self, c, x, y, mode, workers, ray_address, progress, on_message) -> dict:
         from fhe.ckks.compare import compare_ckks
 
-        return compare_ckks(c.compiled, x, y, execute=mode == "execute", progress=on_message)
+        return compare_ckks(
+            c.compiled, x, y, execute=mode is CompareMode.EXECUTE, progress=on_message
+        )

@@ -8,8 +8,9 @@ import time
 from fhe.api._common import Echo
 from fhe.api.compilation import SchemeSteps, register_steps
 from fhe.errors import BadOptionError, FheError
-from fhe.schemes import Scheme
+from fhe.schemes import CompareMode, Scheme
 from quant.config import DEFAULT_CALIB_SAMPLES
+from quant.ir import OverflowPolicy
 
 # the options that override the quantization a model file records (``fhe train --qat-bits``)
 TFHE_QUANT_OPTIONS = (
@@ -122,7 +123,7 @@ class TfheSteps(SchemeSteps):
         start = time.perf_counter()
         got = c.compiled.backend.encrypt_run_decrypt(x_int[0])
         seconds = time.perf_counter() - start
-        return got, c.compiled.program.run_int(x_int, "clip")[0][0], seconds
+        return got, c.compiled.program.run_int(x_int, OverflowPolicy.CLIP)[0][0], seconds
 
     def describe_sample(self, max_error: float) -> str:
         return f"encrypted output equals the clear integer program: {max_error == 0}"
@@ -130,7 +131,7 @@ class TfheSteps(SchemeSteps):
     def compare(self, c, x, y, mode, workers, ray_address, progress, on_message) -> dict:
         from fhe.tfhe.compare import compare_tfhe
 
-        if mode == "execute":  # fhe.api.keygen: the pre-flight, then the keys
+        if mode is CompareMode.EXECUTE:  # fhe.api.keygen: the pre-flight, then the keys
             self.preflight(c, on_message)
             c.compiled.keygen()
         return compare_tfhe(
