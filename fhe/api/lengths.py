@@ -54,7 +54,7 @@ class Status(str, Enum):
 class LengthCost:
     """One (scheme, T) row: what the compiled program costs and, where run, what it took."""
 
-    scheme: str
+    scheme: Scheme
     seq_len: int
     status: Status
     pbs: int | None = None  # TFHE
@@ -122,7 +122,7 @@ def cost_per_length(
                 except _TooLarge as big:
                     row = _extrapolated(big, compiled, max_compile_pbs)
                 except FheError as exc:
-                    row = LengthCost(scheme.value, T, Status.STOPPED, note=str(exc)[:300])
+                    row = LengthCost(scheme, T, Status.STOPPED, note=str(exc)[:300])
                 rows.append(row)
                 if row.status in (Status.MEASURED, Status.ESTIMATED):
                     compiled.append(row)
@@ -152,13 +152,13 @@ def _one_length(
         pbs, bits = _tfhe_preflight(path, data_dir)
         if pbs > max_compile_pbs:
             raise _TooLarge(
-                LengthCost(scheme.value, T, Status.EXTRAPOLATED, pbs=pbs, max_lut_bits=bits)
+                LengthCost(scheme, T, Status.EXTRAPOLATED, pbs=pbs, max_lut_bits=bits)
             )
     t0 = time.perf_counter()
     c = compile_file(path, options, simulate_only=not execute)
     rep = c.report()
     row = LengthCost(
-        scheme.value,
+        scheme,
         T,
         Status.ESTIMATED,
         pbs=rep.get("pbs_count"),
@@ -250,7 +250,7 @@ def markdown(rows: list[LengthCost], model: str, command: str) -> str:
     for r in rows:
         cost = (
             num(r.pbs, "{} PBS")
-            if r.scheme == Scheme.TFHE.value
+            if r.scheme is Scheme.TFHE
             else (f"depth {r.depth}, N={r.poly_modulus_degree}" if r.depth is not None else "—")
         )
         err = (
@@ -258,12 +258,12 @@ def markdown(rows: list[LengthCost], model: str, command: str) -> str:
             if r.max_error is None
             else (
                 "equal"
-                if r.scheme == Scheme.TFHE.value and r.max_error == 0
+                if r.scheme is Scheme.TFHE and r.max_error == 0
                 else f"{r.max_error:.2g}"
             )
         )
         lines.append(
-            f"| {r.scheme} | {r.seq_len} | {r.status.value} | {cost} | "
+            f"| {r.scheme.value} | {r.seq_len} | {r.status.value} | {cost} | "
             f"{num(r.max_lut_bits, '{} bits')} | {num(r.keys_mib, '{:.0f} MiB')} | "
             f"{num(r.estimated_latency_s, '{:.1f} s')} | {num(r.latency_s, '{:.1f} s')} | {err} | "
             f"{r.note} |"
@@ -304,11 +304,11 @@ def _plot(rows: list[LengthCost], path: Path) -> None:
             pts = [
                 (r.seq_len, getattr(r, key))
                 for r in rows
-                if r.scheme == scheme and getattr(r, key) is not None
+                if r.scheme is scheme and getattr(r, key) is not None
             ]
             if pts:
                 t, s = np.array(pts, dtype=float).T
-                ax.plot(t, s, style, label=f"{scheme} {label}")
+                ax.plot(t, s, style, label=f"{scheme.value} {label}")
     ax.set(xscale="log", yscale="log", xlabel="T (segments)", ylabel="seconds per sample")
     ax.set_xticks(
         sorted({r.seq_len for r in rows}),
