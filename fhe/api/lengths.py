@@ -151,9 +151,7 @@ def _one_length(
     if scheme is Scheme.TFHE:
         pbs, bits = _tfhe_preflight(path, data_dir)
         if pbs > max_compile_pbs:
-            raise _TooLarge(
-                LengthCost(scheme, T, Status.EXTRAPOLATED, pbs=pbs, max_lut_bits=bits)
-            )
+            raise _TooLarge(LengthCost(scheme, T, Status.EXTRAPOLATED, pbs=pbs, max_lut_bits=bits))
     t0 = time.perf_counter()
     c = compile_file(path, options, simulate_only=not execute)
     rep = c.report()
@@ -256,11 +254,7 @@ def markdown(rows: list[LengthCost], model: str, command: str) -> str:
         err = (
             "—"
             if r.max_error is None
-            else (
-                "equal"
-                if r.scheme is Scheme.TFHE and r.max_error == 0
-                else f"{r.max_error:.2g}"
-            )
+            else ("equal" if r.scheme is Scheme.TFHE and r.max_error == 0 else f"{r.max_error:.2g}")
         )
         lines.append(
             f"| {r.scheme.value} | {r.seq_len} | {r.status.value} | {cost} | "
