@@ -179,7 +179,7 @@ class Compilation:
     text: TextEncoder | None = None  # the client's front end of a text model
 
     @property
-    def scheme(self) -> str:
+    def scheme(self) -> Scheme:
         return self.options.scheme
 
     @property

@@ -15,7 +15,7 @@ from fhe.api.schemes.ckks import LayoutChoice, choose_layout
 from fhe.api.schemes.tfhe import CircuitMismatchError, NoParametersError
 from fhe.api.train import load_for_encryption
 from fhe.errors import BadOptionError
-from fhe.schemes import CompareMode
+from fhe.schemes import CompareMode, Scheme
 from models.config import as_enum
 
 __all__ = [
@@ -83,7 +83,7 @@ def keygen(c: Compilation, on_message: Echo = _silent) -> None:
 class SampleCheck:
     """One encrypted test sample against the clear program (TFHE: equal; CKKS: max |error|)."""
 
-    scheme: str
+    scheme: Scheme
     max_error: float
     seconds: float
 

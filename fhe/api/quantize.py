@@ -11,6 +11,7 @@ from fhe.api._common import coerce_enums, option_field
 from fhe.api.train import load_for_encryption
 from fhe.errors import BadOptionError, FheError
 from quant.config import Granularity, QuantConfig, RangeMode
+from quant.ir import OverflowPolicy
 
 _QUANT = QuantConfig()
 
@@ -68,12 +69,12 @@ def quantize_file(
     options: QuantizeOptions = QuantizeOptions(),
     data_dir: str | Path | None = None,
     n_test: int | None = None,
-    policy: str = "clip",
+    policy: OverflowPolicy | str = OverflowPolicy.CLIP,
 ):
     """``fhe quantize``: the model's integer program under ``options``, with its bit widths and
     float vs integer accuracy on the first ``n_test`` test samples. Returns (program, summary)."""
     from models.training import predict
-    from quant import ExportError, OverflowPolicy, RangeOverflowError, export
+    from quant import ExportError, RangeOverflowError, export
     from quant.report import accuracy, program_summary
 
     config = options.config()
