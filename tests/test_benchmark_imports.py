@@ -55,6 +55,29 @@ def test_the_listed_kernel_studies_exist_and_need_the_exception():
         assert toolkit_imports(BENCHMARKS / name), f"{name} no longer needs to be listed"
 
 
+def test_every_name_a_benchmark_takes_from_the_api_exists():
+    """Most imports sit inside the scripts' functions, run only by a long benchmark: checked here
+    by name, so that an API change breaks this test rather than a run hours later."""
+    import importlib
+
+    missing = []
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in (
+                "fhe",
+                "fhe.api",
+                "fhe.api.parts",
+            ):
+                module = importlib.import_module(node.module)
+                missing += [
+                    f"{path.name}: {node.module}.{a.name}"
+                    for a in node.names
+                    if not hasattr(module, a.name)
+                    and importlib.util.find_spec(f"{node.module}.{a.name}") is None
+                ]
+    assert missing == []
+
+
 def test_every_name_of_the_parts_module_resolves():
     from fhe.api import parts
 
