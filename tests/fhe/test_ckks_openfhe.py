@@ -20,6 +20,7 @@ from fhe.ckks.packing import Rotations, rotate_and_sum
 from fhe.deploy.runtime import artifact_info
 from fhe.harness import compile_model, save_artifacts
 from fhe.schemes import CkksParams
+from models.config import AttentionKind
 
 LOOSE = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
 PARAMS = CkksParams(layout="packed", engine="openfhe", insecure_ring_dim=4096, approx=LOOSE)
@@ -167,6 +168,41 @@ def test_encrypted_equals_the_clear_polynomial_program(compiled):
     np.testing.assert_allclose(got, want, atol=2e-3)
     assert np.array_equal(got.argmax(1), want.argmax(1))
     assert backend.last_run["op_counts"]["bootstrap"] == backend.report()["bootstraps"]
+
+
+# every kind with a CKKS lowering on the engine; power-softmax is the module's model above,
+# DCT-Former runs by default (its maps hold float round-off that OpenFHE cannot encode: left out,
+# tested here), the rest with -m slow (about 5 s each)
+KINDS = [
+    pytest.param(k.value, marks=() if k is AttentionKind.DCT else pytest.mark.slow)
+    for k in AttentionKind
+    if k is not AttentionKind.POWER_SOFTMAX
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_runs_encrypted_on_the_engine_as_its_clear_program(kind):
+    torch.manual_seed(0)
+    x = torch.randn(64, 4, 3, dtype=torch.float64)
+    compiled = compile_model(tiny(attention=kind, power_form="stable"), x, PARAMS)
+    backend = compiled.backend
+    try:
+        backend.keygen()
+        got = backend.encrypt_run_decrypt(x[1].numpy())
+        want = backend.simulate(x[1:2].numpy())
+        np.testing.assert_allclose(got, want, atol=2e-3)
+        assert np.array_equal(got.argmax(1), want.argmax(1))
+        assert backend.report()["bootstraps"] > 0  # deeper than one chain: bootstrapped
+    finally:
+        backend.close()
+
+
+def test_float_round_off_is_left_out_of_the_plaintexts():
+    from fhe.ckks.openfhe.engine import NEGLIGIBLE, negligible
+
+    assert negligible(np.zeros(4)) and negligible(np.full(4, 2e-18))
+    assert not negligible(np.array([0.0, 0.0, NEGLIGIBLE, 0.0]))
+    assert not negligible(np.array([1e-18, -0.03]))
 
 
 def test_a_value_renewed_before_it_is_exhausted_decrypts_as_the_clear_chain(compiled):

@@ -147,6 +147,16 @@ class WorkerProcess:
         return int(self.call("level", handle=ct.handle)[0]["level"])
 
 
+# below 2^-40 a plaintext is float round-off: far under CKKS's precision here (about 2^-20 after a
+# bootstrap), and OpenFHE cannot encode a vector whose largest value times the scale (2^52) is < 1
+NEGLIGIBLE = 2.0**-40
+
+
+def negligible(plain) -> bool:
+    """Whether every value of a clear slot vector is below :data:`NEGLIGIBLE` (zeros included)."""
+    return not np.any(np.abs(np.asarray(plain)) >= NEGLIGIBLE)
+
+
 class OpenFheArith(Arith):
     """Program values on an OpenFHE server worker; a value that would run out of levels is
     bootstrapped there (counted as ``bootstrap``), never sent back to the client."""
@@ -184,10 +194,18 @@ class OpenFheArith(Arith):
         return self._op("rotate", a=a.handle, step=int(step))
 
     def _dot_plain(self, datas, plains):
-        blobs = tuple(self._blob(p) for p in plains)
-        return self._op("dot_plain", blobs, handles=[d.handle for d in datas])
+        # a plaintext of zeros, or of float round-off (|p| ~ 1e-18, e.g. a DCT-Former map's
+        # products), adds nothing and OpenFHE refuses to encode it ("Scaling factor too small"):
+        # left out, as SealArith leaves out zeros; every term left out is 0·x
+        pairs = [(d, p) for d, p in zip(datas, plains, strict=True) if not negligible(p)]
+        if not pairs:
+            return self._mul_scalar(datas[0], 0.0)
+        blobs = tuple(self._blob(p) for _, p in pairs)
+        return self._op("dot_plain", blobs, handles=[d.handle for d, _ in pairs])
 
     def _add_plain(self, a, plain):
+        if negligible(plain):  # as in _dot_plain: nothing to add, nothing OpenFHE can encode
+            return a
         return self._op("add_plain", (self._blob(plain),), a=a.handle)
 
     def _bootstrap(self, a):
