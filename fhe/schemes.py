@@ -8,7 +8,7 @@ from enum import Enum
 
 from fhe.ckks.approx import ApproxConfig
 from fhe.scheme import Scheme
-from models.config import as_enum
+from models.config import coerce_enums
 from quant.config import QuantConfig
 
 __all__ = [
@@ -73,7 +73,7 @@ class TfheParams:
     compress_keys: bool = True
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ranges", as_enum(Ranges, self.ranges, "ranges"))
+        coerce_enums(self, ranges=Ranges)
         for name in ("p_error", "global_p_error"):
             v = getattr(self, name)
             if v is not None and not 0 < v < 1:
@@ -143,8 +143,7 @@ class CkksParams:
     insecure_ring_dim: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layout", CkksLayout(self.layout))
-        object.__setattr__(self, "engine", CkksEngine(self.engine))
+        coerce_enums(self, layout=CkksLayout, engine=CkksEngine)
         if self.engine is CkksEngine.OPENFHE:
             if self.layout is not CkksLayout.PACKED:
                 raise ValueError("the OpenFHE engine runs the packed layout only")

@@ -124,14 +124,15 @@ class TransformerConfig:
     pooling: Pooling = Pooling.MEAN
 
     def __post_init__(self) -> None:
-        for name, enum in (
-            ("attention", AttentionKind),
-            ("norm", NormKind),
-            ("ffn_activation", Activation),
-            ("input_kind", InputKind),
-            ("pooling", Pooling),
-        ):
-            object.__setattr__(self, name, enum(getattr(self, name)))
+        coerce_enums(
+            self,
+            attention=AttentionKind,
+            norm=NormKind,
+            ffn_activation=Activation,
+            input_kind=InputKind,
+            pooling=Pooling,
+            power_form=PowerForm,
+        )
         for name in ("seq_len", "in_features", "n_outputs", "d_model", "n_heads", "n_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(
@@ -141,7 +142,6 @@ class TransformerConfig:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.power_p <= 0 or self.power_p % 2:
             raise ValueError(f"power_p must be a positive even integer, got {self.power_p}")
-        object.__setattr__(self, "power_form", as_enum(PowerForm, self.power_form, "power_form"))
         if self.tie_qk and self.attention not in (
             AttentionKind.INHIBITOR,
             AttentionKind.SIGNED_INHIBITOR,
@@ -224,6 +224,16 @@ def as_enum(kind: type[E], value, what: str) -> E:
     except ValueError:
         choices = ", ".join(m.value for m in kind)
         raise ValueError(f"{what} must be one of {choices}, got {value!r}") from None
+
+
+def coerce_enums(config, **kinds: type[Enum]) -> None:
+    """In a frozen config dataclass's ``__post_init__``: each field named in ``kinds``, a member or
+    its string (a model file's, the CLI's, a script's), becomes a member of its enum; None stays
+    None; an unknown value is a ValueError naming the field and the choices (:func:`as_enum`)."""
+    for name, kind in kinds.items():
+        value = getattr(config, name)
+        if value is not None:
+            object.__setattr__(config, name, as_enum(kind, value, name))
 
 
 def dataclass_from_dict(cls, data: dict):

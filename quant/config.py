@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from models.config import dataclass_from_dict
+from models.config import coerce_enums, dataclass_from_dict
 
 # calibration samples (from the training split) for PTQ, QAT through the program and `fhe compile`:
 # the
@@ -74,8 +74,7 @@ class QuantConfig:
     attention_lut_bits: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "weight_granularity", Granularity(self.weight_granularity))
-        object.__setattr__(self, "range_mode", RangeMode(self.range_mode))
+        coerce_enums(self, weight_granularity=Granularity, range_mode=RangeMode)
         if isinstance(self.bits_overrides, dict):
             object.__setattr__(self, "bits_overrides", tuple(sorted(self.bits_overrides.items())))
         if isinstance(self.bits_overrides, list):

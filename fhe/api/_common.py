@@ -8,7 +8,7 @@ from dataclasses import field
 from enum import Enum
 
 from fhe.errors import BadOptionError
-from models.config import as_enum
+from models.config import coerce_enums as _coerce_enums
 
 Echo = Callable[[str], None]
 
@@ -26,13 +26,9 @@ def option_field(default, help: str = "", **extra):
 
 
 def coerce_enums(config, **kinds: type[Enum]) -> None:
-    """In a frozen options dataclass's ``__post_init__``: each field named in ``kinds``, a string
-    (the CLI's, a script's) or a member, becomes a member of its enum; None stays None; an unknown
-    value is a :class:`BadOptionError` naming the choices."""
-    for name, kind in kinds.items():
-        value = getattr(config, name)
-        if value is not None:
-            try:
-                object.__setattr__(config, name, as_enum(kind, value, name))
-            except ValueError as exc:
-                raise BadOptionError(str(exc)) from None
+    """:func:`models.config.coerce_enums` for the options of a command: an unknown value is a
+    :class:`BadOptionError` (a usage error) naming the field and the choices."""
+    try:
+        _coerce_enums(config, **kinds)
+    except ValueError as exc:
+        raise BadOptionError(str(exc)) from None
