@@ -82,12 +82,9 @@ class QuantizedProgram:
         return self.graph.run_batched(x_int, policy)
 
     def run_int_accepted(self, x_int: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The clear program on each quantized sample, saturating: (integer outputs, a mask of the
-        samples that kept every value within its calibrated width). The others are the ones the
-        client refuses: the clear run saturates a value the encrypted circuit would wrap around."""
-        runs = [self.run_int(xi[None], OverflowPolicy.CLIP) for xi in np.asarray(x_int)]
-        clear = np.concatenate([out for out, _ in runs])
-        return clear, np.array([not clipped for _, clipped in runs], dtype=bool)
+        """The clear program on each quantized sample, saturating, and the mask of the samples the
+        client accepts (:meth:`quant.ir.Graph.run_accepted`)."""
+        return self.graph.run_accepted(x_int)
 
     def forward(
         self, x: Tensor | np.ndarray, policy: OverflowPolicy = OverflowPolicy.ERROR

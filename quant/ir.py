@@ -162,6 +162,14 @@ class Graph:
         assert self.output_name is not None, "the graph has no output"
         return env[self.output_name], clipped
 
+    def run_accepted(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The program on each sample of ``x`` (its leading axis), saturating: (outputs, a mask of
+        the samples that kept every value within its calibrated width). The others are the ones the
+        client refuses: the clear run saturates a value the encrypted circuit would wrap around."""
+        runs = [self.run(xi[None], OverflowPolicy.CLIP) for xi in np.asarray(x)]
+        clear = np.concatenate([out for out, _ in runs])
+        return clear, np.array([not clipped for _, clipped in runs], dtype=bool)
+
     @staticmethod
     def _check(
         node: Node, out: np.ndarray, policy: OverflowPolicy, clipped: dict[str, int]
