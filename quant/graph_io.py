@@ -47,17 +47,11 @@ class Table:
         return out.reshape(*lead, *tail)
 
 
-def _bit_range(node: Node) -> tuple[int, int]:
-    bits = node.bits
-    assert bits is not None and node.lo is not None, f"{node.name} is not calibrated"
-    return (0, 2**bits - 1) if node.lo >= 0 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-
-
 def tabulate(graph: Graph, node: Node) -> Table:
     """``node``'s lookup over every input its source can deliver (clipped, then rounded)."""
     src = graph.nodes[node.inputs[0]]
     r = node.attrs.get("rounding_bits", 0)
-    lo, hi = _bit_range(src)
+    lo, hi = src.bit_range()
     step = 1 << r
     first = int(round_bit_pattern(np.asarray(lo, np.int64), r))
     last = int(round_bit_pattern(np.asarray(hi, np.int64), r))

@@ -95,6 +95,12 @@ class Node:
     def bits(self) -> int | None:
         return None if self.lo is None or self.hi is None else value_bits(self.lo, self.hi)
 
+    def bit_range(self) -> tuple[int, int]:
+        """The integers its calibrated width holds (unsigned when its range starts at 0)."""
+        bits = self.bits
+        assert bits is not None and self.lo is not None, f"{self.name} is not calibrated"
+        return (0, 2**bits - 1) if self.lo >= 0 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
     @property
     def is_pbs(self) -> bool:
         return self.op != "input" and op_spec(self.op).bootstraps
@@ -174,9 +180,7 @@ class Graph:
     def _check(
         node: Node, out: np.ndarray, policy: OverflowPolicy, clipped: dict[str, int]
     ) -> np.ndarray:
-        bits = node.bits
-        assert bits is not None and node.lo is not None  # only calibrated nodes are checked
-        lo, hi = (0, 2**bits - 1) if node.lo >= 0 else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        lo, hi = node.bit_range()  # only calibrated nodes are checked
         bad = (out < lo) | (out > hi)
         n_bad = int(bad.sum())
         if not n_bad:
@@ -184,7 +188,7 @@ class Graph:
         if policy is OverflowPolicy.ERROR:
             raise RangeOverflowError(
                 f"node {node.name!r} ({node.op}, tag {node.tag!r}) produced {n_bad} value(s) "
-                f"outside its calibrated {bits}-bit range [{lo}, {hi}] (seen [{out.min()}, "
+                f"outside its calibrated {node.bits}-bit range [{lo}, {hi}] (seen [{out.min()}, "
                 f"{out.max()}]); under encryption they would wrap around. Calibrate on more "
                 "representative data, or use policy 'clip'."
             )
