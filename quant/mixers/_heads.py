@@ -21,12 +21,21 @@ class Heads:
 
 
 def project_qkv(
-    low: Lowering, mixer, h: QValue, name: str, cfg, shared_qk: bool = False, into_lookups=False
+    low: Lowering,
+    mixer,
+    h: QValue,
+    name: str,
+    cfg,
+    shared_qk: bool = False,
+    into_lookups=False,
+    positive_v: bool = False,
 ) -> Heads:
     """Q, K, V = h W_{q,k,v}ᵀ + b, requantised and split into heads. ``shared_qk``: Q and K on one
     quantizer (a kind that subtracts them, e.g. the Inhibitor's Eq. 5). A tied mixer (K = Q) has one
     projection: ``k`` is ``q``. ``into_lookups``: Q, K and V feed table lookups directly (the
-    Inhibitor's |q − k| and (v − z)⁺), so their requantisations read ``attention_lut_bits``."""
+    Inhibitor's |q − k| and (v − z)⁺), so their requantisations read ``attention_lut_bits``.
+    ``positive_v``: V⁺ instead of V, its ReLU right after V's lookup so that Concrete fuses the two
+    into one table."""
     nh, dh = cfg.n_heads, cfg.d_head
     T = h.shape[0]
 
@@ -52,6 +61,8 @@ def project_qkv(
         q = low.requant(q_acc, f"{name}.q.out", tag, signed=True, lut_bits=narrow)
         k = low.requant(k_acc, f"{name}.k.out", tag, signed=True, lut_bits=narrow)
     v = low.requant(v_acc, f"{name}.v.out", tag, signed=True, lut_bits=narrow)
+    if positive_v:
+        v = low.lut_exact(v, torch.relu, f"{name}.v.pos", tag)
     q_heads = heads(q, "q")
     k_heads = q_heads if k is q else heads(k, "k")
     return Heads(q_heads, k_heads, heads(v, "v"), low.quantizers[f"{name}.v.out"])
