@@ -79,6 +79,8 @@ def _chain_rows(rep: dict) -> list[tuple[str, object]]:
         ]
     security = "INSECURE test ring" if rep["insecure_test_parameters"] else rep["security_bits"]
     per_stage = ", ".join(f"{t} {n}" for t, n in rep["bootstraps_per_stage"].items()) or "none"
+    levels = rep.get("bootstrap_entry_levels", {})  # absent from reports saved before the search
+    entry = ", ".join(f"{t} {k}" for t, k in levels.items()) or "none (just in time)"
     return [
         ("engine", "openfhe"),
         ("ring dimension", rep["poly_modulus_degree"]),
@@ -90,6 +92,7 @@ def _chain_rows(rep: dict) -> list[tuple[str, object]]:
         ("levels one bootstrap uses", rep["bootstrap_depth"]),
         ("bootstraps (server-side)", rep["bootstraps"]),
         ("bootstraps per stage", per_stage),
+        ("stages renewed on entry (level >)", entry),
         ("largest |input| of a bootstrap", max(rep["bootstrap_input_peaks"], default=0)),
         ("bootstraps above |x| = 16 (less precise)", rep["bootstraps_beyond_flat_error"]),
     ]

@@ -11,7 +11,10 @@ just in time: an operand is renewed when its next product would not fit, so a ch
 gets the fewest renewals, one every ``max_depth`` levels. A value that fans out into several
 derived values, each about to take products (:meth:`Arith.before_fanout`: rotated copies, q and
 k before the scores, z in every Newton step, a polynomial's input), is bootstrapped once before,
-when those products would not fit, rather than each derived value later.
+when those products would not fit, rather than each derived value later. A bootstrapping engine
+can also renew a stage's inputs as the stage begins (``entry_levels``, chosen per stage by a search
+over clear runs: :func:`fhe.ckks.placement.search_entry_levels`), which just-in-time renewal alone
+cannot see is cheaper.
 
 Because the clear and the encrypted evaluation run the same program through the same bookkeeping,
 the clear run predicts the encrypted run's depth, operation counts and refreshes exactly.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +42,7 @@ class DepthExceededError(FheError):
 class Val:
     data: Any
     level: int = 0
+    stage: str | None = None  # the stage tag that made it (None: an input or a constant)
 
 
 OPS = ("ct_ct_mul", "ct_pt_mul", "add", "rescale", "rotation", "client_refresh", "bootstrap")
@@ -48,13 +52,20 @@ class Arith:
     """Counts, levels, stage tags and the refresh rule; subclasses supply ``_mul`` & co."""
 
     def __init__(
-        self, max_depth: int | None = None, refresh: bool = False, bootstrap: bool = False
+        self,
+        max_depth: int | None = None,
+        refresh: bool = False,
+        bootstrap: bool = False,
+        entry_levels: Mapping[str, int] | None = None,
     ) -> None:
         if refresh and bootstrap:
             raise ValueError("a value is renewed by the client (refresh) or the server (bootstrap)")
         self.max_depth = max_depth
         self.refresh = refresh
         self.bootstrap = bootstrap
+        # stage tag -> the highest level at which a value made before that stage enters it; one
+        # above is bootstrapped at its first use there (see _enter; the planner's search chooses)
+        self.entry_levels = dict(entry_levels or {})
         self.bootstraps: list[str] = []  # the stage tag of each bootstrap, in run order
         self.tag = "input"
         self.counts: dict[str, Counter] = defaultdict(Counter)
@@ -79,8 +90,20 @@ class Arith:
     def _count(self, op: str, n: int = 1) -> None:
         self.counts[self.tag][op] += n
 
+    def _enter(self, v: Val) -> Val:
+        """A value made before the current stage, at its first use in it (a product, a rotation, a
+        fan-out): bootstrapped first when its level is above the stage's entry level. A stage
+        that begins on one fresh ciphertext spends its levels on its own chain, where just-in-time
+        renewal would bootstrap each of the values derived from a spent input (issue 28's
+        LayerNorm: the centred input, the variance and Newton's iterate, each renewed apart)."""
+        limit = self.entry_levels.get(self.tag)
+        if not self.bootstrap or limit is None or v.stage == self.tag or v.level <= limit:
+            return v
+        return self._bootstrap_in_place(v)
+
     def _ready(self, v: Val) -> Val:
         """The operand of a product: refreshed first when one more level would not fit the chain."""
+        v = self._enter(v)
         self.level_in[self.tag] = max(self.level_in.get(self.tag, 0), v.level)
         if self.max_depth is None or v.level + 1 <= self.max_depth:
             return v
@@ -103,11 +126,12 @@ class Arith:
         self._count("bootstrap")
         self.bootstraps.append(self.tag)
         v.data, v.level = self._bootstrap(v.data), 0  # in place, as a refresh
+        v.stage = self.tag  # renewed here: a stage input no more
         return v
 
     def _out(self, data: Any, level: int) -> Val:
         self.level_out[self.tag] = max(self.level_out.get(self.tag, 0), level)
-        return Val(data, level)
+        return Val(data, level, self.tag)
 
     # ---------------------------------------------------------------- operations
     @staticmethod
@@ -159,7 +183,7 @@ class Arith:
             v = self._ready(v)
             self._count("ct_pt_mul")
             self._count("rescale")
-            term = Val(self._mul_scalar(v.data, w), v.level + 1)
+            term = Val(self._mul_scalar(v.data, w), v.level + 1, self.tag)
             out = term if out is None else self.add(out, term)
         assert out is not None  # pairs holds at least one term
         return self._out(self.add_scalar(out, bias).data, out.level)
@@ -172,6 +196,7 @@ class Arith:
         keygen)."""
         if step == 0:
             return a
+        a = self._enter(a)
         self._count("rotation")
         self.rotation_steps[step] += 1
         return self._out(self._rotate(a.data, step), a.level)
@@ -185,6 +210,7 @@ class Arith:
         stays just in time."""
         if not self.bootstrap:
             return v
+        v = self._enter(v)
         if levels == 1:
             return self._ready(v)
         if self.max_depth is None or levels > self.max_depth or v.level + levels <= self.max_depth:
@@ -268,8 +294,9 @@ class ClearArith(Arith):
         refresh: bool = False,
         strict: bool = False,
         bootstrap: bool = False,
+        entry_levels: Mapping[str, int] | None = None,
     ) -> None:
-        super().__init__(max_depth, refresh, bootstrap)
+        super().__init__(max_depth, refresh, bootstrap, entry_levels)
         self.strict = strict
         self.bootstrap_peaks: list[float] = []  # max |value| entering each bootstrap
         self.ranges: dict[str, tuple[float, float]] = {}  # input range of each approximated op

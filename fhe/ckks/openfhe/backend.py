@@ -11,9 +11,11 @@ Planning (before any key exists), from clear packed runs of the program:
    tried in one-off runs, not in a results file (docs/ckks.md says which);
 2. bootstraps placed just in time by :class:`fhe.ckks.arith.Arith`: an operand whose next product
    would not fit is bootstrapped, once (in place), and an exhausted value is bootstrapped before it
-   is rotated, not each rotated copy after. One level is kept below each bootstrap: OpenFHE
-   bootstraps only a ciphertext with a level left. The count and the stage of each bootstrap are in
-   the report;
+   is rotated, not each rotated copy after; and, where a search over clear runs finds it saves
+   bootstraps (:mod:`fhe.ckks.placement`), a stage's inputs are renewed as the stage begins
+   (``entry_levels``, kept in the plan: the server places its bootstraps by the same rule). One
+   level is kept below each bootstrap: OpenFHE bootstraps only a ciphertext with a level left. The
+   count and the stage of each bootstrap are in the report;
 3. the largest |value| the calibration samples bring to each bootstrap: OpenFHE's error is the
    same for values in [−16, 16] as in [−1, 1] (``ckks_bootstrap.md``) and grew beyond in a one-off
    run (~10x at 64); the report lists them and warns
@@ -45,6 +47,7 @@ from fhe.backends import register_backend
 from fhe.ckks.arith import ClearArith, Val
 from fhe.ckks.openfhe.engine import OpenFheArith, WorkerProcess
 from fhe.ckks.packed import PackedProgram, check_packed, min_slots
+from fhe.ckks.placement import search_entry_levels
 from fhe.ckks.planner import DepthError
 from fhe.ckks.program import PolyProgram, build_program
 from fhe.ckks.serialize import load_program, save_program
@@ -58,6 +61,7 @@ LEVEL_BUDGET = (3, 2)  # levels of the bootstrap's two linear transforms (fewer:
 LARGE_DIGITS = 5  # hybrid key switching digits: more fit more levels in 128 bits, bigger keys
 FLAT_ERROR_BOUND = 16.0  # OpenFHE's bootstrap error is flat for |x| up to this (ckks_bootstrap.md)
 PLAN_SAMPLES = 16  # calibration samples the bootstrap inputs' peaks are taken over
+SEARCH_SAMPLES = 2  # those the placement search checks its bootstraps' inputs on
 SERVER_FILES = (
     "openfhe.context",
     "openfhe.public",
@@ -114,6 +118,9 @@ class OpenFhePlan:
     bootstrap_tags: tuple[str, ...]  # the stage of each bootstrap, in run order
     peaks: tuple[float, ...]  # the largest |value| entering each bootstrap (calibration samples)
     rotation_steps: tuple[int, ...]
+    # stage -> level above which its inputs are bootstrapped as it begins (fhe.ckks.placement);
+    # empty in artifacts planned before the search: just-in-time renewal only
+    entry_levels: tuple[tuple[str, int], ...] = ()
 
     @property
     def poly_modulus_degree(self) -> int:
@@ -157,7 +164,12 @@ class OpenFhePlan:
         d = dict(d)
         for name in ("level_budget", "bootstrap_tags", "peaks", "rotation_steps"):
             d[name] = tuple(d[name])
+        d["entry_levels"] = tuple((str(t), int(k)) for t, k in d.get("entry_levels", ()))
         return cls(**d)
+
+    def arith(self, worker: WorkerProcess) -> OpenFheArith:
+        """The server's arithmetic for one query: this plan's depth and bootstrap placement."""
+        return OpenFheArith(worker, self.arith_depth, dict(self.entry_levels))
 
 
 def bootstraps_per_stage(tags) -> dict[str, int]:
@@ -182,10 +194,14 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
     unbounded = ClearArith()
     packed.clear(calib_x[:1], unbounded)
     after, depth = chain_at_128_bits()
+    arith_depth = after - 1  # OpenFhePlan.arith_depth
+    entry = search_entry_levels(
+        lambda ar: packed.clear(calib_x[:SEARCH_SAMPLES], ar), arith_depth, FLAT_ERROR_BOUND
+    )
     peaks: list[float] = []
     summary: dict = {}
     for sample in calib_x[:PLAN_SAMPLES]:
-        ar = ClearArith(max_depth=after - 1, bootstrap=True)  # OpenFhePlan.arith_depth
+        ar = ClearArith(max_depth=arith_depth, bootstrap=True, entry_levels=entry)
         packed.clear(sample[None], ar)
         summary = ar.summary()
         new = ar.bootstrap_peaks  # the same bootstraps for every sample: one program
@@ -204,6 +220,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         bootstrap_tags=tuple(summary["bootstraps"]),
         peaks=tuple(round(p, 4) for p in peaks),
         rotation_steps=tuple(summary["rotation_steps"]),
+        entry_levels=tuple(entry.items()),
     )
     return plan, summary
 
@@ -343,6 +360,7 @@ class OpenFheBackend:
             "level_budget": list(plan.level_budget),
             "bootstraps": len(plan.bootstrap_tags),
             "bootstraps_per_stage": bootstraps_per_stage(plan.bootstrap_tags),
+            "bootstrap_entry_levels": dict(plan.entry_levels),
             "bootstrap_input_peaks": list(plan.peaks),
             "bootstraps_beyond_flat_error": sum(p > FLAT_ERROR_BOUND for p in plan.peaks),
             "client_assisted_refresh": False,
@@ -468,7 +486,7 @@ def run_on(
     """One query on a server worker: the serialised ciphertext in, the serialised result out.
     ``fresh`` (a served query): the worker refuses a ciphertext that is not fresh at the client's
     encoding level under the keys it has loaded."""
-    ar = OpenFheArith(worker, plan.arith_depth)
+    ar = plan.arith(worker)
     ct = worker.from_bytes(blob, fresh_level=plan.bootstrap_depth if fresh else None)
     out = packed.forward(ar, Val(ct, 0))
     return worker.to_bytes(out.data), ar

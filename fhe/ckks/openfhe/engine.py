@@ -21,6 +21,7 @@ import struct
 import subprocess
 import sys
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -161,8 +162,10 @@ class OpenFheArith(Arith):
     """Program values on an OpenFHE server worker; a value that would run out of levels is
     bootstrapped there (counted as ``bootstrap``), never sent back to the client."""
 
-    def __init__(self, worker: WorkerProcess, max_depth: int) -> None:
-        super().__init__(max_depth, bootstrap=True)
+    def __init__(
+        self, worker: WorkerProcess, max_depth: int, entry_levels: Mapping[str, int] | None = None
+    ) -> None:
+        super().__init__(max_depth, bootstrap=True, entry_levels=entry_levels)
         self.worker = worker
 
     def _op(self, op: str, blobs: tuple[bytes, ...] = (), **fields) -> Ciphertext:

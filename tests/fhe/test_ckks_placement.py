@@ -1,0 +1,123 @@
+"""Bootstrap placement by stage entry levels (issue 28): the rule, and the search that sets it.
+
+All in the clear: ClearArith counts bootstraps exactly as the encrypted run places them (the OpenFHE
+tests check that count against a real encrypted run of a plan that uses entry levels)."""
+
+import json
+
+import numpy as np
+
+from fhe.ckks import ClearArith
+from fhe.ckks.openfhe.backend import OpenFhePlan
+from fhe.ckks.placement import count_bootstraps, search_entry_levels
+
+DEPTH = 5  # the levels between bootstraps at the 128-bit N = 2^16 chain
+
+
+def two_chains_from_one_spent_input(ar, x: np.ndarray):
+    """Stage ``a`` spends four levels; stage ``b`` derives two values from its output and takes
+    two more products of each: the shape of a LayerNorm (the centred input, the variance)."""
+    with ar.stage("a"):
+        v = ar.encode(x)
+        for _ in range(4):
+            v = ar.square(v)
+    with ar.stage("b"):
+        d1, d2 = ar.lincomb([v], [2.0]), ar.lincomb([v], [3.0], 1.0)
+        return ar.mul(ar.square(d1), ar.square(d2))
+
+
+def test_just_in_time_renews_each_derived_value_and_the_entry_rule_renews_their_input_once():
+    x = np.linspace(0.5, 1.1, 8)
+    run = lambda ar: two_chains_from_one_spent_input(ar, x)  # noqa: E731
+    jit = count_bootstraps(run, DEPTH, {})
+    assert jit.bootstraps == ["b", "b"]  # d1 and d2, each born with no level left
+    entry = count_bootstraps(run, DEPTH, {"b": 0})
+    assert entry.bootstraps == ["b"]  # v, once, as b begins
+    np.testing.assert_allclose(entry.bootstrap_peaks, [np.max(x**16)])  # what entered: v = x^16
+    exact = two_chains_from_one_spent_input(ClearArith(), x).data
+    want = (2 * x**16) ** 2 * (3 * x**16 + 1) ** 2
+    np.testing.assert_allclose(exact, want)  # the program itself, computed naively
+
+
+def test_the_search_finds_the_entry_level_and_never_does_worse_than_just_in_time():
+    x = np.linspace(0.5, 1.1, 8)
+    run = lambda ar: two_chains_from_one_spent_input(ar, x)  # noqa: E731
+    levels = search_entry_levels(run, DEPTH)
+    assert set(levels) == {"b"} and levels["b"] < 4  # v enters b at level 4
+    assert len(count_bootstraps(run, DEPTH, levels).bootstraps) == 1
+
+    def one_chain(ar):  # nothing to gain: the search leaves just in time alone
+        with ar.stage("c"):
+            v = ar.encode(x)
+            for _ in range(12):
+                v = ar.square(v)
+
+    assert search_entry_levels(one_chain, DEPTH) == {}
+    assert search_entry_levels(lambda ar: ar.square(ar.encode(x)), DEPTH) == {}  # none to place
+
+
+def test_the_search_refuses_to_bootstrap_a_value_beyond_the_flat_error_bound():
+    """Renewing b's one input would save a bootstrap, but that input is 100x larger than the two
+    values just in time renews: beyond OpenFHE's flat-error bound, it is refused."""
+    x = np.linspace(0.9, 1.0, 8)
+
+    def run(ar):
+        with ar.stage("a"):
+            v = ar.encode(x)
+            for _ in range(3):
+                v = ar.square(v)
+            big = ar.lincomb([v], [100.0])  # level 4, |big| <= 100
+        with ar.stage("b"):
+            d1, d2 = ar.lincomb([big], [0.01]), ar.lincomb([big], [0.02])  # level 5, <= 1 and 2
+            return ar.mul(ar.square(d1), ar.square(d2))
+
+    jit = count_bootstraps(run, DEPTH, {})
+    assert jit.bootstraps == ["b", "b"] and max(jit.bootstrap_peaks) <= 2
+    assert search_entry_levels(run, DEPTH, flat_bound=16.0) == {}
+    unbounded = search_entry_levels(run, DEPTH)  # no bound: one bootstrap, of |x| = 100
+    assert len(count_bootstraps(run, DEPTH, unbounded).bootstraps) == 1
+    np.testing.assert_allclose(count_bootstraps(run, DEPTH, unbounded).bootstrap_peaks, [100.0])
+
+
+def test_a_value_made_in_the_stage_or_fresh_enough_is_not_renewed_on_entry():
+    ar = ClearArith(max_depth=DEPTH, bootstrap=True, entry_levels={"b": 2})
+    with ar.stage("a"):
+        low, high = ar.square(ar.encode(np.ones(2))), ar.encode(np.ones(2))
+        for _ in range(3):
+            high = ar.square(high)
+    with ar.stage("b"):
+        assert ar.square(low).level == 2 and ar.bootstraps == []  # entered at level 1 <= 2
+        inner = ar.square(ar.square(ar.square(low)))  # made in b: just in time only
+        assert inner.level == 4 and ar.bootstraps == []
+        assert ar.rotate(high, 1).level == 0 and ar.bootstraps == ["b"]  # 3 > 2: renewed first
+        assert high.level == 0 and high.stage == "b"  # in place, and a stage input no more
+        ar.square(high)
+        assert ar.bootstraps == ["b"]
+    free = ClearArith(max_depth=DEPTH, entry_levels={"b": 0})  # no bootstrapping: no entry rule
+    with free.stage("a"):
+        u = free.square(free.encode(np.ones(2)))
+    with free.stage("b"):
+        assert free.square(u).level == 2 and free.counts["b"]["bootstrap"] == 0
+
+
+def test_plans_keep_their_entry_levels_and_older_plans_read_as_just_in_time():
+    plan = OpenFhePlan(
+        ring_dim=4096,
+        secure=False,
+        slots=8,
+        scale_bits=52,
+        first_mod_bits=60,
+        large_digits=5,
+        level_budget=(3, 2),
+        bootstrap_depth=19,
+        levels_after=6,
+        program_depth=12,
+        bootstrap_tags=("b",),
+        peaks=(1.0,),
+        rotation_steps=(1,),
+        entry_levels=(("b", 0),),
+    )
+    d = json.loads(json.dumps(plan.to_dict()))  # as meta.json holds it
+    assert OpenFhePlan.from_dict(d) == plan
+    del d["entry_levels"]
+    assert OpenFhePlan.from_dict(d).entry_levels == ()
