@@ -17,9 +17,10 @@ from quant.quantizer import Quantizer
 
 @register_mixer(AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR)
 def lower(low: Lowering, mixer, h: QValue, name: str, cfg) -> tuple[QValue, torch.nn.Linear]:
+    positive_v = low.config.inhibitor_positive_v and not mixer.signed  # V⁺ for Eq. (6) (below)
     heads = project_qkv(
-        low, mixer, h, name, cfg, shared_qk=True, into_lookups=True, positive_v=not mixer.signed
-    )  # Q and K share one grid: Eq. (5) subtracts them; V⁺ for Eq. (6) (below)
+        low, mixer, h, name, cfg, shared_qk=True, into_lookups=True, positive_v=positive_v
+    )  # Q and K share one grid: Eq. (5) subtracts them
     # a padding key's V is zeroed: (0 − Z'_ij)⁺ = 0 and (0⁺ − Z')⁺ + (0⁻ + Z')⁻ = 0 (Z' >= 0), so
     # it inhibits nothing and adds nothing, as the float model's masked sums (Eqs. 6-7)
     v = mask_keys(low, heads.v, heads.v_quantizer, f"{name}.v", f"{name}.qkv")
@@ -44,9 +45,8 @@ def lower_inhibitor(
     Z'_ij = (Σ_k |Q_ik − K_jk| / γ − α)⁺ is requantized directly onto V's scale and saturated at
     max|V|: any larger score already inhibits every value completely, so saturation is exact.
     Eq. (6)'s (V_jk − Z'_ij)⁺ equals (V⁺_jk − Z'_ij)⁺ since Z' >= 0, so the whole-model lowering
-    passes V⁺ (fused into V's own lookup): the T²·d ReLU lookups then read one bit less (3 instead
-    of 4 at the TFHE defaults), and Concrete gives them cheaper parameters (the IMDB recipe:
-    estimated 45.0 s → 37.5 s per review, measured 71.3 s → 63.6 s, same PBS count).
+    may pass V⁺ (``QuantConfig.inhibitor_positive_v``, fused into V's own lookup): the T²·d ReLU
+    lookups then read one bit less (3 instead of 4 at the TFHE defaults), on cheaper parameters.
     ``causal`` (PowerSoftmax paper Eq. 11's mask): the program works on the kept pairs j <= i only
     (:mod:`quant.mixers._causal`): its |·| and ReLU lookups skip the removed ones, and the sums
     over j run per query.

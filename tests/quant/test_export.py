@@ -295,3 +295,34 @@ def test_attention_lut_bits_round_the_qkv_lookups_further_and_the_program_equals
     np.testing.assert_allclose(
         program.dequantize_output(out_int), program.fake_forward(x), atol=1e-9
     )
+
+
+@pytest.mark.parametrize("tie_qk", [True, False])
+def test_the_inhibitor_reading_v_plus_is_the_same_program_one_bit_narrower(tie_qk):
+    """(V − Z')⁺ = (V⁺ − Z')⁺ as Z' >= 0 (Eq. 6): with ``inhibitor_positive_v`` the program's
+    integer outputs are those of the plain lowering on every input, V⁺ comes from V's own lookup
+    (no lookup added) and the T²·d ReLU lookups read one bit less."""
+    torch.manual_seed(3)
+    model = tiny(AttentionKind.INHIBITOR, tie_qk=tie_qk)
+    x = torch.randn(300, 6, 5, dtype=torch.float64)
+    plain, narrow = (
+        export(model, x[:250], QuantConfig(n_bits=6, attention_bits=3, inhibitor_positive_v=on))
+        for on in (False, True)
+    )
+    held_out = plain.quantize_input(x[250:])
+    assert np.array_equal(narrow.quantize_input(x[250:]), held_out)
+    a, _ = plain.run_int(held_out, OverflowPolicy.CLIP)
+    b, _ = narrow.run_int(held_out, OverflowPolicy.CLIP)
+    assert np.array_equal(a, b)
+
+    def relu_input(program):
+        (node,) = [n for n in program.graph.nodes.values() if n.name.endswith("attn.relu")]
+        return program.graph.nodes[node.inputs[0]]
+
+    # V⁺ and Z' both lie in [0, 3] on 3-bit V's grid: V⁺ − Z' needs 3 bits whatever the inputs;
+    # V − Z' reaches −7 (4 bits) when a negative V meets a large Z'
+    assert relu_input(narrow).lo >= -3 and relu_input(narrow).bits == 3
+    assert relu_input(plain).lo >= -7
+    assert relu_input(plain).bits == (3 if tie_qk else 4)  # this seed's calibration reaches −4 tied
+    n_luts = [sum(n.op == "lut" for n in p.graph.nodes.values()) for p in (plain, narrow)]
+    assert n_luts[1] == n_luts[0] + 1  # V⁺: one more node, fused into V's table by Concrete
