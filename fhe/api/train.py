@@ -151,7 +151,8 @@ class TrainRequest:
     )
     range_loss: float = option_field(
         0.0,
-        "Weight of the PowerSoftmax range loss (Eq. 9).",
+        "Weight of the attention range loss (PowerSoftmax Eq. 9: max |score|; PowerSoftmax and "
+        "dot-product, whose exp is a polynomial on that interval under CKKS).",
     )
     act_range_loss: float = option_field(
         0.0,
@@ -160,8 +161,7 @@ class TrainRequest:
     )
     range_threshold: float = option_field(
         0.0,
-        "Hinge for the range losses: penalise max |PowerSoftmax input| only beyond this (0: Eq."
-        " 9).",
+        "Hinge for the range losses: penalise max |attention score| only beyond this (0: Eq. 9).",
     )
     act_range_threshold: float = option_field(
         0.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from models.attention import functional as AF
 from models.config import TransformerConfig
 
 
@@ -16,6 +17,11 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
+        # the range loss (PowerSoftmax paper Eq. 9): kinds whose scores meet a polynomial under
+        # CKKS (PowerSoftmax's x^p, softmax's exp) record max |score| here while training tracks it
+        self.track_range = False
+        self.range_threshold = 0.0
+        self.last_range: Tensor | None = None
         self.n_heads = config.n_heads
         self.d_head = config.d_head
         self.q_proj = nn.Linear(config.d_model, config.d_model)
@@ -24,6 +30,11 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = self.q_proj if self.tie_qk else nn.Linear(config.d_model, config.d_model)
         self.v_proj = nn.Linear(config.d_model, config.d_model)
         self.out_proj = nn.Linear(config.d_model, config.d_model)
+
+    def record_range(self, scores: Tensor) -> None:
+        """Keep Eq. (9)'s summand for ``scores`` ``(B, nh, T, T)`` when range tracking is on."""
+        if self.track_range:
+            self.last_range = AF.power_softmax_range(scores, self.range_threshold)
 
     def input_linears(self) -> list[nn.Linear]:
         """The linear layers that read the mixer's input (a preceding norm folds into them)."""

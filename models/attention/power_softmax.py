@@ -40,9 +40,6 @@ class PowerSoftmaxAttention(MultiHeadAttention):
         self.eps = config.power_eps
         self.form = config.power_form
         self.inference_form = False
-        self.track_range = False
-        self.range_threshold = 0.0
-        self.last_range: Tensor | None = None
 
     @property
     def inference_eps(self) -> float:
@@ -53,10 +50,7 @@ class PowerSoftmaxAttention(MultiHeadAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, nh, T, T)
-        if self.track_range:
-            self.last_range = AF.power_softmax_range(
-                scores, self.range_threshold
-            )  # Eq. (9) summand
+        self.record_range(scores)  # Eq. (9) summand
         if self.form is PowerForm.LENGTH_AGNOSTIC or self.inference_form:
             attn = AF.power_softmax(
                 scores, self.p, self.inference_eps, length_agnostic=True, mask=mask
@@ -68,26 +62,27 @@ class PowerSoftmaxAttention(MultiHeadAttention):
         return attn @ v  # (B, nh, T, dh)
 
 
-def _sum_ranges(model: torch.nn.Module, kind: type | None) -> Tensor:
+def _sum_ranges(model: torch.nn.Module, attention: bool) -> Tensor:
     recorders: list[Any] = [
         m
         for m in model.modules()
-        if hasattr(m, "last_range") and (isinstance(m, PowerSoftmaxAttention) == (kind is not None))
+        if hasattr(m, "last_range") and isinstance(m, MultiHeadAttention) == attention
     ]
     terms = [m.last_range for m in recorders if m.last_range is not None]
     return torch.stack(terms).sum() if terms else torch.zeros(())
 
 
 def range_loss(model: torch.nn.Module) -> Tensor:
-    """L_PowerSoftmax (Eq. 9): the sum over PowerSoftmax layers of max |input| over heads."""
-    return _sum_ranges(model, PowerSoftmaxAttention)
+    """L_PowerSoftmax (Eq. 9): the sum over attention layers of max |score| over heads (the
+    PowerSoftmax layers; softmax's too, whose exp is a polynomial on that interval under CKKS)."""
+    return _sum_ranges(model, attention=True)
 
 
 def activation_range_loss(model: torch.nn.Module) -> Tensor:
     """The activation range loss (Alg. 1 step 2, after Zimerman et al.): the sum over FFN
     activations of max |input|, which narrows the interval (hence the degree) of the polynomial
     activation."""
-    return _sum_ranges(model, None)
+    return _sum_ranges(model, attention=False)
 
 
 def set_range_tracking(
@@ -98,5 +93,5 @@ def set_range_tracking(
     trackers: list[Any] = [m for m in model.modules() if hasattr(m, "track_range")]
     for m in trackers:
         m.track_range = enabled
-        m.range_threshold = threshold if isinstance(m, PowerSoftmaxAttention) else act_threshold
+        m.range_threshold = threshold if isinstance(m, MultiHeadAttention) else act_threshold
         m.last_range = None

@@ -4,8 +4,14 @@ import pytest
 import torch
 
 from models import AttentionKind, InputKind, NormKind, Transformer, TransformerConfig
+from models.attention.base import MultiHeadAttention
 from models.attention.inhibitor import InhibitorAttention
-from models.attention.power_softmax import PowerSoftmaxAttention, range_loss, set_range_tracking
+from models.attention.power_softmax import (
+    PowerSoftmaxAttention,
+    activation_range_loss,
+    range_loss,
+    set_range_tracking,
+)
 from models.training import load_checkpoint, save_checkpoint
 
 KINDS = list(AttentionKind)
@@ -56,6 +62,36 @@ def test_power_softmax_range_loss_tracks_max_score():
     assert loss.item() == pytest.approx(sum(m.last_range.item() for m in layers))
     assert loss.item() > 0
     loss.backward()
+
+
+def test_softmax_scores_join_the_range_loss_as_their_naive_maximum():
+    """Softmax's exp is a polynomial under CKKS, so its scores take Eq. (9)'s range loss too: per
+    sample the max over heads and positions of |q·k|/√d_head, computed here by hand from the
+    attention's own input, less the hinge threshold, averaged over the batch."""
+    model = make(AttentionKind.DOT_PRODUCT)
+    attn = next(m for m in model.modules() if isinstance(m, MultiHeadAttention))
+    seen = {}
+    attn.register_forward_pre_hook(lambda _m, args: seen.setdefault("x", args[0].detach()))
+    set_range_tracking(model, True, threshold=0.5)
+    model(torch.randn(3, 8, 8))
+    x = seen["x"]
+    q, k = attn.q_proj(x).detach(), attn.k_proj(x).detach()
+    dh = attn.d_head
+    per_sample = [
+        max(
+            abs(float(q[b, i, h * dh : (h + 1) * dh] @ k[b, j, h * dh : (h + 1) * dh])) / dh**0.5
+            for h in range(attn.n_heads)
+            for i in range(8)
+            for j in range(8)
+        )
+        for b in range(3)
+    ]
+    expected = sum(max(m - 0.5, 0.0) for m in per_sample) / 3
+    assert range_loss(model).item() == pytest.approx(expected, rel=1e-5)
+    ffn = [m for m in model.modules() if hasattr(m, "last_range") and m is not attn]
+    assert activation_range_loss(model).item() == pytest.approx(  # the FFN's alone
+        sum(m.last_range.item() for m in ffn)
+    )
 
 
 def test_power_softmax_inference_form_matches_training_form_when_eps_is_zero():
