@@ -115,6 +115,8 @@ def run_row(row: Row, work: Path, data_dir: str | None) -> dict:
     outcome = api.train_model(req, progress=False)
     outcome.save(path)
     out: dict = {"row": row.name, "train_s": time.perf_counter() - t0}
+    if outcome.integer_program:  # QAT moved the float weights: the model as trained before it
+        out["float_before_qat"] = outcome.float_score
     opts = api.CompileOptions(
         scheme=row.scheme,
         data_dir=req.data_dir,
@@ -204,7 +206,8 @@ def markdown(results: list[dict], load: str, command: str) -> list[str]:
         "imdb-lm --recipe <scheme>`, a causal model that predicts the word after a padded window "
         "of up to T words among the 64 most frequent, scored on one window per test review, "
         "beside the most frequent word's score). Accuracy: float and clear program "
-        "on all 4000 test reviews; "
+        "on all 4000 test reviews (TFHE's float: the model's weights after QAT, run in float; "
+        "in brackets, the float model as trained before QAT, where the row records it); "
         "encrypted on the first n. Latency: one review (TFHE) or one packed query (CKKS). "
         "Estimated rows were compiled, not run.",
         "",
@@ -240,8 +243,11 @@ def markdown(results: list[dict], load: str, command: str) -> list[str]:
         name = r["row"]
         if name.endswith("-next-word") and "majority_acc" in r:
             name += f" (most frequent word: {pct(r['majority_acc'])})"
+        flt = pct(r.get("float_acc"))
+        if "float_before_qat" in r:
+            flt += f" (before QAT {pct(r['float_before_qat'])})"
         lines.append(
-            f"| {name} | {pct(r.get('float_acc'))} | {pct(r.get('program_acc'))} | {enc} | "
+            f"| {name} | {flt} | {pct(r.get('program_acc'))} | {enc} | "
             f"{same} | {latency} | {num(r.get('keys_mib'), '{:.0f} MiB')} | {cost} | "
             f"{num(r.get('peak_rss_mib'), '{:.0f} MiB')} |"
         )
