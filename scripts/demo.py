@@ -18,9 +18,10 @@ once installed).
 5. compare float, clear polynomial and encrypted predictions on all 360 test samples at once (the
    batch layout, which `fhe compare` picks for a dataset: the samples in the SIMD slots, no
    refresh);
-6. text (when the IMDB files of `../shared/data/imdb` are there): train the CKKS text recipe (512
-   words pooled on the client into 16 segments, docs/text.md), compile it with its client front
-   end, and classify a review given as text, encrypted (one packed query).
+6. text (when the IMDB files of `../shared/data/imdb` are there): train the CKKS and the TFHE text
+   recipes (512 words pooled on the client into 16 segments, docs/text.md), compile each with its
+   client front end, and classify the same review given as text, encrypted (one packed CKKS query,
+   one TFHE query of about a minute).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from models.tasks import default_data_dir
 
 RUNS = Path("runs")
 N_ENCRYPTED = int(os.environ.get("FHE_DEMO_SAMPLES", "1"))
+REVIEW = "A quiet, beautiful film: I loved every minute of it."
 
 
 def fhe(command: str, *paths: str) -> None:
@@ -66,10 +68,11 @@ def main() -> None:
     if not (imdb / "imdb_train_6000.csv.gz").exists():
         print(f"\nskipping the text step: no IMDB files in {imdb} (see docs/text.md)")
         return
-    text_model, text_art = str(RUNS / "imdb-ckks.pt"), str(RUNS / "imdb-ckks")
-    fhe("train --task imdb --recipe ckks -o", text_model)
-    fhe("compile --scheme ckks --out", text_art, text_model)
-    fhe("run", text_art, "--text", "A quiet, beautiful film: I loved every minute of it.")
+    for scheme in ("ckks", "tfhe"):  # the same review under both schemes
+        text_model, text_art = str(RUNS / f"imdb-{scheme}.pt"), str(RUNS / f"imdb-{scheme}")
+        fhe(f"train --task imdb --recipe {scheme} -o", text_model)
+        fhe(f"compile --scheme {scheme} --out", text_art, text_model)
+        fhe("run", text_art, "--text", REVIEW)
 
 
 if __name__ == "__main__":

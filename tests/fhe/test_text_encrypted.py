@@ -96,6 +96,7 @@ def test_a_text_model_runs_encrypted_under_tfhe_from_a_text(corpus, tmp_path):
     assert res.exit_code == 0 and "sample 1: label 1, encrypted prediction" in res.output
 
 
+@pytest.mark.isolated
 @pytest.mark.slow  # the packed path of the causal padded tests below; `fhe run --text` under CKKS
 def test_a_text_model_runs_encrypted_under_ckks_packed(corpus, tmp_path):
     model = _train(
@@ -145,6 +146,7 @@ def test_a_padded_text_model_runs_encrypted_with_its_mask_encrypted(corpus, tmp_
     np.testing.assert_array_equal(run.logits, dequantize_output(client.meta, clear[0]).reshape(-1))
 
 
+@pytest.mark.isolated  # an N = 32768 context: its SEAL pool ends with the test
 def test_a_next_word_model_runs_encrypted_under_ckks_packed(corpus, tmp_path):
     """A small causal language model (`--task imdb-lm`: the word after a padded window) under
     PowerSoftmax: Eq. 11's mask folded into the head-sum masks, K of a padding key times its
@@ -167,6 +169,7 @@ def test_a_next_word_model_runs_encrypted_under_ckks_packed(corpus, tmp_path):
     assert error and float(error.group(1)) < 1e-3, res.output
 
 
+@pytest.mark.isolated  # an N = 32768 context: its SEAL pool ends with the test
 def test_a_causal_padded_inhibitor_runs_encrypted_under_ckks_packed(corpus, tmp_path):
     """The Inhibitor over padded word positions, causal: each (query, key) term of Eq. 6 times a
     multiplier per offset block, the client's encrypted key mask shifted beside each query with the
