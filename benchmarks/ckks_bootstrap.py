@@ -1,14 +1,17 @@
 """OpenFHE bootstrapping through the engine's worker, at the engine's 128-bit parameters (issue 28).
 
-    python benchmarks/ckks_bootstrap.py                       # slots 256 and 4096, 1 and 2 threads
-    python benchmarks/ckks_bootstrap.py --slots 256 --threads 2
+    python benchmarks/ckks_bootstrap.py     # 2048 slots, 1 and 2 threads, baby steps 0x0 and 8x8
+    python benchmarks/ckks_bootstrap.py --slots 256 --threads 2 --baby-steps 8x8
 
-For each (slots, threads): keygen in a client worker, the evaluation keys opened by a server worker
-(no secret key), then bootstraps of a fresh ciphertext of values in [-1, 1] and [-16, 16]. Each
-bootstrap is timed twice in the same run: inside the worker (OpenFHE's EvalBootstrap alone) and
-around the call (what the toolkit pays, the pipe and serialisation included). Precision is
--log2(max |error|) after the client decrypts. Peak memory is each worker's own (ru_maxrss). Writes
-benchmarks/results/ckks_bootstrap.md|json.
+For each (slots, threads, baby steps of the bootstrap's linear transforms; 0x0 is OpenFHE's own
+choice, the engine's is ``BOOTSTRAP_BABY_STEPS``): keygen in a client worker, the evaluation keys
+opened by a server worker (no secret key), then bootstraps of a fresh ciphertext of values in
+[-1, 1] and [-16, 16]. Each bootstrap is timed twice in the same run: inside the worker (OpenFHE's
+EvalBootstrap alone) and around the call (what the toolkit pays, the pipe and serialisation
+included). The same ciphertext is also bootstrapped as deserialised, not adopted into the server's
+context (``Worker._adopt``), timed inside the worker: what adoption saves, in the same run.
+Precision is -log2(max |error|) after the client decrypts. Peak memory is each worker's own
+(ru_maxrss). Writes benchmarks/results/ckks_bootstrap.md|json.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from fhe.ckks.openfhe.engine import (  # noqa: E402
 REFERENCE_S = 28.6  # OpenFHE, N = 2^16, 128-bit, one thread (measured on this machine, issue 28)
 
 
-def measure(slots: int, threads: int, repeats: int) -> dict:
+def measure(slots: int, threads: int, baby_steps: tuple[int, int], repeats: int) -> dict:
     after, depth = ob.chain_at_128_bits()
     params = {
         "secure": True,
@@ -47,6 +50,7 @@ def measure(slots: int, threads: int, repeats: int) -> dict:
         "total_depth": after + depth,
         "slots": slots,
         "level_budget": list(ob.LEVEL_BUDGET),
+        "baby_steps": list(baby_steps),
         "bootstrap": True,
         "rotation_steps": [],
     }
@@ -67,9 +71,12 @@ def measure(slots: int, threads: int, repeats: int) -> dict:
         rows = {}
         for magnitude in (1.0, 16.0):
             x = rng.uniform(-magnitude, magnitude, slots)
-            inner, outer, errors = [], [], []
+            inner, outer, errors, unadopted = [], [], [], []
             for _ in range(repeats):
-                ct = server.from_bytes(client.to_bytes(client.encrypt(x, depth + after - 2)))
+                blob = client.to_bytes(client.encrypt(x, depth + after - 2))
+                as_received = server.from_bytes(blob, adopt=False)
+                unadopted.append(server.call("bootstrap", a=as_received.handle)[0]["seconds"])
+                ct = server.from_bytes(blob)  # adopted, as the engine serves it
                 start = time.perf_counter()
                 out, _ = server.call("bootstrap", a=ct.handle)
                 outer.append(time.perf_counter() - start)
@@ -81,6 +88,7 @@ def measure(slots: int, threads: int, repeats: int) -> dict:
             rows[magnitude] = {
                 "openfhe_s": statistics.median(inner),
                 "engine_s": statistics.median(outer),
+                "not_adopted_s": statistics.median(unadopted),
                 "max_error": max(errors),
                 "bits": -float(np.log2(max(errors))),
                 "levels_left": levels_left,
@@ -92,6 +100,8 @@ def measure(slots: int, threads: int, repeats: int) -> dict:
     return {
         "slots": slots,
         "threads": threads,
+        "baby_steps": list(baby_steps),
+        "rotation_keys": reply["rotation_keys"],
         "levels_after": after,
         "bootstrap_depth": depth,
         "keygen_s": reply["keygen_s"],
@@ -104,32 +114,46 @@ def measure(slots: int, threads: int, repeats: int) -> dict:
     }
 
 
+def baby_text(baby_steps) -> str:
+    return "OpenFHE's" if tuple(baby_steps) == (0, 0) else "x".join(map(str, baby_steps))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--slots", default="256")
+    parser.add_argument("--slots", default="2048")
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--baby-steps", default="0x0,8x8", help="e.g. 0x0,8x8 (0: OpenFHE's)")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     load = f"{os.getloadavg()[0]:.2f}"
     results, failed = [], []
-    for slots in [int(s) for s in args.slots.split(",")]:
-        for threads in [int(t) for t in args.threads.split(",")]:
-            try:
-                r = measure(slots, threads, args.repeats)
-            except EngineError as exc:  # e.g. a worker killed for memory
-                print(f"slots {slots} threads {threads}: {exc}", flush=True)
-                failed.append({"slots": slots, "threads": threads, "error": str(exc)})
-                continue
-            results.append(r)
-            one = r["by_magnitude"][1.0]
-            print(
-                f"slots {slots:5d} threads {threads}: bootstrap {one['engine_s']:.1f} s "
-                f"(OpenFHE alone {one['openfhe_s']:.1f} s), {one['bits']:.1f} bits, keygen "
-                f"{r['keygen_s']:.1f} s, peak keygen / client / server "
-                f"{r['peak_keygen_bytes'] / 2**30:.1f} / {r['peak_client_bytes'] / 2**30:.1f} / "
-                f"{r['peak_server_bytes'] / 2**30:.1f} GiB",
-                flush=True,
+    dims = [tuple(int(n) for n in d.split("x")) for d in args.baby_steps.split(",")]
+    configs = [
+        (int(s), int(t), (d[0], d[1]))
+        for s in args.slots.split(",")
+        for t in args.threads.split(",")
+        for d in dims
+    ]
+    for slots, threads, baby in configs:
+        try:
+            r = measure(slots, threads, baby, args.repeats)
+        except EngineError as exc:  # e.g. a worker killed for memory
+            print(f"slots {slots} threads {threads} baby steps {baby}: {exc}", flush=True)
+            failed.append(
+                {"slots": slots, "threads": threads, "baby_steps": baby, "error": str(exc)}
             )
+            continue
+        results.append(r)
+        one = r["by_magnitude"][1.0]
+        print(
+            f"slots {slots:5d} threads {threads} baby steps {baby}: {r['rotation_keys']} "
+            f"rotation keys, bootstrap {one['engine_s']:.1f} s (OpenFHE alone "
+            f"{one['openfhe_s']:.1f} s, not adopted {one['not_adopted_s']:.1f} s), "
+            f"{one['bits']:.1f} bits, keygen {r['keygen_s']:.1f} s, "
+            f"peak keygen / client / server {r['peak_keygen_bytes'] / 2**30:.1f} / "
+            f"{r['peak_client_bytes'] / 2**30:.1f} / {r['peak_server_bytes'] / 2**30:.1f} GiB",
+            flush=True,
+        )
     gib = 2**30
     lines = [
         "# OpenFHE bootstrapping through the engine (issue 28)",
@@ -144,25 +168,33 @@ def main() -> None:
         "",
         "`engine` is the bootstrap as the toolkit runs it (pipe and serialisation included),"
         " `OpenFHE` the same call timed inside the worker; the reference is OpenFHE alone at N = "
-        f"2^16, one thread, {REFERENCE_S} s (issue 28, slots not recorded there).",
+        f"2^16, one thread, {REFERENCE_S} s (issue 28, slots not recorded there). Baby steps are "
+        "those of the bootstrap's two linear transforms (OpenFHE's: its own choice); the rotation "
+        "keys are the bootstrap's, the keys column every evaluation key. `not adopted` is the same "
+        "bootstrap (inside the worker) of the received ciphertext as deserialised, without the "
+        "fresh zero the server adds to it (`Worker._adopt`).",
         "",
-        "| slots | threads | engine (s) | OpenFHE (s) | engine / OpenFHE | engine / reference "
+        "| slots | threads | baby steps | rotation keys | engine (s) | OpenFHE (s) "
+        "| engine / OpenFHE | engine / reference | not adopted (s) "
         "| bits, values in [-1, 1] | bits, values in [-16, 16] | keygen (s) | keys (GiB) "
         "| peak keygen / client / server (GiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         one, big = r["by_magnitude"][1.0], r["by_magnitude"][16.0]
         keys = sum(r["key_bytes"].values()) / gib
         lines.append(
-            f"| {r['slots']} | {r['threads']} | {one['engine_s']:.1f} | {one['openfhe_s']:.1f} | "
+            f"| {r['slots']} | {r['threads']} | {baby_text(r['baby_steps'])} | "
+            f"{r['rotation_keys']} | {one['engine_s']:.1f} | {one['openfhe_s']:.1f} | "
             f"{one['engine_s'] / one['openfhe_s']:.3f} | {one['engine_s'] / REFERENCE_S:.2f} | "
+            f"{one['not_adopted_s']:.1f} | "
             f"{one['bits']:.1f} | {big['bits']:.1f} (abs. error {big['max_error']:.1e}) | "
             f"{r['keygen_s']:.1f} | {keys:.2f} | {r['peak_keygen_bytes'] / gib:.1f} / "
             f"{r['peak_client_bytes'] / gib:.1f} / {r['peak_server_bytes'] / gib:.1f} |"
         )
     for f in failed:
-        lines.append(f"| {f['slots']} | {f['threads']} | failed: {f['error']} |")
+        baby = baby_text(f["baby_steps"])
+        lines.append(f"| {f['slots']} | {f['threads']} | {baby} | failed: {f['error']} |")
     write_results("ckks_bootstrap", lines, {"load": load, "results": results, "failed": failed})
     print("\n".join(lines))
 

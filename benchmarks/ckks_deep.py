@@ -44,14 +44,16 @@ MODELS = {
 }
 
 
-def bootstrap_seconds() -> float:
-    """One bootstrap on both cores, from benchmarks/results/ckks_bootstrap.json."""
+def bootstrap_seconds(baby_steps: list[int]) -> float:
+    """One bootstrap on both cores with the plan's baby steps (its report's), from
+    benchmarks/results/ckks_bootstrap.json."""
     import json
 
     from benchmarks._results import RESULTS
 
     rows = json.loads((RESULTS / "ckks_bootstrap.json").read_text())["results"]
-    return min(r["by_magnitude"]["1.0"]["engine_s"] for r in rows if r["threads"] == 2)
+    ours = [r for r in rows if list(r.get("baby_steps", [0, 0])) == list(baby_steps)]
+    return min(r["by_magnitude"]["1.0"]["engine_s"] for r in ours or rows if r["threads"] == 2)
 
 
 def run_model(name: str, train: dict, n: int, tmp: Path) -> dict:
@@ -107,6 +109,7 @@ def summary(name, train, outcome, clear, rep, rows, peak) -> dict:
         "bootstraps_per_stage": rep["bootstraps_per_stage"],
         "bootstraps_beyond_flat_error": rep["bootstraps_beyond_flat_error"],
         "levels_after_bootstrap": rep["levels_after_bootstrap"],
+        "bootstrap_baby_steps": rep["bootstrap_baby_steps"],
         "slots": rep["slots"],
         "keygen_s": rep["timings_s"].get("keygen"),
         "key_bytes": rep["key_sizes_bytes"],
@@ -168,7 +171,7 @@ def write_table(results: list[dict], command: str, load: str) -> None:
     for r in results:
         s = r["samples"]
         if not s:  # planned only: a lower bound from the bootstraps alone
-            bound = r["bootstraps"] * bootstrap_seconds()
+            bound = r["bootstraps"] * bootstrap_seconds(r.get("bootstrap_baby_steps", [0, 0]))
             lines.append(
                 f"| {MODELS[r['name']][0]} | {100 * r['accuracy_float']:.2f}% | "
                 f"{100 * r['accuracy_poly_clear']:.2f}% | {r['program_depth']} | "

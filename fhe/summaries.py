@@ -90,6 +90,10 @@ def _chain_rows(rep: dict) -> list[tuple[str, object]]:
         ("chain depth", rep["chain_depth"]),
         ("levels after a bootstrap", rep["levels_after_bootstrap"]),
         ("levels one bootstrap uses", rep["bootstrap_depth"]),
+        (
+            "bootstrap level budget / baby steps (0: OpenFHE's)",
+            f"{rep['level_budget']} / {rep.get('bootstrap_baby_steps', [0, 0])}",
+        ),
         ("bootstraps (server-side)", rep["bootstraps"]),
         ("bootstraps per stage", per_stage),
         ("stages renewed on entry (level >)", entry),
@@ -110,6 +114,8 @@ def format_ckks_report(rep: dict) -> str:
     ]
     if rep["layout"] == "packed":
         rows += [("rotation steps (one Galois key each)", len(rep["rotation_steps"]))]
+    if rep.get("rotation_keys_made") is not None:  # OpenFHE, after keygen
+        rows += [("rotation keys made (bootstrap's and program's)", rep["rotation_keys_made"])]
     rows += [(f"ops.{k}", v) for k, v in rep["op_counts"].items()]
     rows += [(f"keys.{k} (MiB)", f"{v / 2**20:.1f}") for k, v in rep["key_sizes_bytes"].items()]
     rows += [(f"time.{k} (s)", f"{v:.3f}") for k, v in rep["timings_s"].items()]

@@ -14,7 +14,18 @@ import torch
 from ckks_models import tiny
 
 from fhe.ckks import ApproxConfig, ClearArith
-from fhe.ckks.openfhe.backend import OpenFheClient, OpenFheServer, levels_after_bootstrap
+from fhe.ckks.openfhe.backend import (
+    BOOTSTRAP_BABY_STEPS,
+    FIRST_MOD_BITS,
+    LARGE_DIGITS,
+    LEVEL_BUDGET,
+    SCALE_BITS,
+    OpenFheClient,
+    OpenFhePlan,
+    OpenFheServer,
+    chain_at_128_bits,
+    levels_after_bootstrap,
+)
 from fhe.ckks.openfhe.engine import EngineError, WorkerProcess
 from fhe.ckks.packing import Rotations, rotate_and_sum
 from fhe.deploy.runtime import artifact_info
@@ -137,6 +148,107 @@ def test_the_worker_reports_errors_and_survives_them():
         worker.close()
 
 
+def bootstrap_error(tmp_path, baby_steps: list[int]) -> tuple[int, float]:
+    """(rotation keys made, max error of one bootstrap of values in [-1, 1]) at the insecure test
+    ring, 1024 of its 2048 slots (sparse, as the 128-bit models' 2048 of 32768)."""
+    after, depth = chain_at_128_bits()
+    slots = 1024
+    params = {
+        "secure": False,
+        "ring_dim": 4096,
+        "scale_bits": SCALE_BITS,
+        "first_mod_bits": FIRST_MOD_BITS,
+        "large_digits": LARGE_DIGITS,
+        "total_depth": after + depth,
+        "slots": slots,
+        "level_budget": list(LEVEL_BUDGET),
+        "baby_steps": baby_steps,
+        "bootstrap": True,
+        "rotation_steps": [],
+    }
+    folder = tmp_path / "x".join(map(str, baby_steps))
+    maker, client, server = WorkerProcess(), WorkerProcess(), WorkerProcess()
+    try:
+        server_dir, client_dir = folder / "server", folder / "client"
+        reply, _ = maker.call(
+            "keygen", params=params, server_dir=str(server_dir), client_dir=str(client_dir)
+        )
+        client.call("open_client", folder=str(client_dir))
+        server.call("open_server", folder=str(server_dir))
+        x = np.random.default_rng(0).uniform(-1, 1, slots)
+        ct = server.from_bytes(client.to_bytes(client.encrypt(x, depth + after - 2)))
+        out = server.ciphertext(server.call("bootstrap", a=ct.handle)[0])
+        got = client.decrypt(client.from_bytes(server.to_bytes(out)))[:slots]
+    finally:
+        for worker in (maker, client, server):
+            worker.close()
+    return reply["rotation_keys"], float(np.max(np.abs(got - x)))
+
+
+def test_the_engines_baby_steps_make_fewer_bootstrap_keys_at_the_same_precision(tmp_path):
+    ours, openfhes = list(BOOTSTRAP_BABY_STEPS), [0, 0]
+    keys, error = bootstrap_error(tmp_path, ours)
+    keys_openfhe, error_openfhe = bootstrap_error(tmp_path, openfhes)
+    assert keys < 0.75 * keys_openfhe  # 38 against 73 at 2048 of N = 2^16's slots
+    assert error < max(2 * error_openfhe, 1e-3)  # one sample of each: noise, not a loss of bits
+
+
+def test_the_server_adopts_what_it_receives_the_same_values_under_fresh_randomness(tmp_path):
+    """A server worker adds a fresh encryption of zero to each ciphertext it deserialises (OpenFHE
+    bootstraps a deserialised one at half speed): the values and level stay, the bytes change."""
+    params = {
+        "secure": False,
+        "ring_dim": 4096,
+        "scale_bits": SCALE_BITS,
+        "first_mod_bits": FIRST_MOD_BITS,
+        "large_digits": LARGE_DIGITS,
+        "total_depth": 4,
+        "slots": 8,
+        "level_budget": list(LEVEL_BUDGET),
+        "bootstrap": False,
+        "rotation_steps": [],
+    }
+    maker, client, server = WorkerProcess(), WorkerProcess(), WorkerProcess()
+    try:
+        maker.call("keygen", params=params, server_dir=f"{tmp_path}/s", client_dir=f"{tmp_path}/c")
+        client.call("open_client", folder=f"{tmp_path}/c")
+        server.call("open_server", folder=f"{tmp_path}/s")
+        x = np.random.default_rng(1).uniform(-4, 4, 8)
+        blob = client.to_bytes(client.encrypt(x, 1))
+        adopted, as_is = server.from_bytes(blob), server.from_bytes(blob, adopt=False)
+        assert server.level(adopted) == server.level(as_is)
+        assert server.to_bytes(adopted) != server.to_bytes(as_is)
+        for ct in (adopted, as_is):
+            got = client.decrypt(client.from_bytes(server.to_bytes(ct)))[:8]
+            np.testing.assert_allclose(got, x, atol=1e-6)
+    finally:
+        for worker in (maker, client, server):
+            worker.close()
+
+
+def test_a_plan_saved_before_the_baby_steps_keeps_openfhes_own():
+    plan = OpenFhePlan(
+        ring_dim=4096,
+        secure=False,
+        slots=8,
+        scale_bits=SCALE_BITS,
+        first_mod_bits=FIRST_MOD_BITS,
+        large_digits=LARGE_DIGITS,
+        level_budget=LEVEL_BUDGET,
+        bootstrap_depth=19,
+        levels_after=6,
+        program_depth=9,
+        bootstrap_tags=("head",),
+        peaks=(1.0,),
+        rotation_steps=(1,),
+        baby_steps=BOOTSTRAP_BABY_STEPS,
+    )
+    old = plan.to_dict()
+    del old["baby_steps"]  # as in meta.json written before they were chosen
+    assert OpenFhePlan.from_dict(old).worker_params()["baby_steps"] == [0, 0]
+    assert OpenFhePlan.from_dict(plan.to_dict()) == plan
+
+
 # ------------------------------------------------------------------ encrypted runs
 @pytest.fixture(scope="module")
 def compiled():
@@ -158,6 +270,7 @@ def test_the_plan_bootstraps_where_the_128_bit_chain_runs_out(compiled):
     assert sum(rep["bootstraps_per_stage"].values()) == rep["bootstraps"]
     assert rep["insecure_test_parameters"] is True and rep["security_bits"] == 0
     assert rep["op_counts"]["client_refresh"] == 0
+    assert rep["rotation_keys_made"] >= len(plan.rotation_steps)  # the bootstrap's, the program's
 
 
 def test_encrypted_equals_the_clear_polynomial_program(compiled):

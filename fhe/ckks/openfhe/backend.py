@@ -58,6 +58,10 @@ SECURE_RING = 1 << 16
 SCALE_BITS = 52
 FIRST_MOD_BITS = 60  # OpenFHE bootstraps only with first − scale ≤ 8 bits at N = 2^16
 LEVEL_BUDGET = (3, 2)  # levels of the bootstrap's two linear transforms (fewer: more keys, memory)
+# baby steps of the bootstrap's two linear transforms (CoeffsToSlots, SlotsToCoeffs). OpenFHE's own
+# choice (0, 0) makes 73 rotation keys at 2048 slots, (8, 8) 38: 8.8 instead of 14.3 GiB with the
+# bootstrap's precomputation, at the same speed and precision (benchmarks/results/ckks_bootstrap.md)
+BOOTSTRAP_BABY_STEPS = (8, 8)
 LARGE_DIGITS = 5  # hybrid key switching digits: more fit more levels in 128 bits, bigger keys
 FLAT_ERROR_BOUND = 16.0  # OpenFHE's bootstrap error is flat for |x| up to this (ckks_bootstrap.md)
 PLAN_SAMPLES = 16  # calibration samples the bootstrap inputs' peaks are taken over
@@ -121,6 +125,9 @@ class OpenFhePlan:
     # stage -> level above which its inputs are bootstrapped as it begins (fhe.ckks.placement);
     # empty in artifacts planned before the search: just-in-time renewal only
     entry_levels: tuple[tuple[str, int], ...] = ()
+    # the bootstrap's baby steps (BOOTSTRAP_BABY_STEPS); (0, 0), OpenFHE's own choice, in artifacts
+    # planned before they were chosen: their keys were made with it
+    baby_steps: tuple[int, int] = (0, 0)
 
     @property
     def poly_modulus_degree(self) -> int:
@@ -151,6 +158,7 @@ class OpenFhePlan:
             "total_depth": self.total_depth,
             "slots": self.slots,
             "level_budget": list(self.level_budget),
+            "baby_steps": list(self.baby_steps),
             "bootstrap": bool(self.bootstrap_tags),
             "rotation_steps": list(self.rotation_steps),
             "bootstrap_depth": self.bootstrap_depth,  # a fresh ciphertext's encoding level
@@ -164,6 +172,7 @@ class OpenFhePlan:
         d = dict(d)
         for name in ("level_budget", "bootstrap_tags", "peaks", "rotation_steps"):
             d[name] = tuple(d[name])
+        d["baby_steps"] = tuple(d.get("baby_steps", (0, 0)))
         d["entry_levels"] = tuple((str(t), int(k)) for t, k in d.get("entry_levels", ()))
         return cls(**d)
 
@@ -214,6 +223,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         first_mod_bits=FIRST_MOD_BITS,
         large_digits=LARGE_DIGITS,
         level_budget=LEVEL_BUDGET,
+        baby_steps=BOOTSTRAP_BABY_STEPS,
         bootstrap_depth=depth,
         levels_after=after,
         program_depth=unbounded.summary()["depth"],
@@ -244,6 +254,7 @@ class OpenFheBackend:
         self.keys_dir: Path | None = None
         self.timings_s: dict[str, float] = {}
         self.key_sizes_bytes: dict[str, int] = {}
+        self.rotation_keys: int | None = None  # made by keygen: the bootstrap's and the program's
         self.last_run: dict = {}
 
     @classmethod
@@ -287,6 +298,7 @@ class OpenFheBackend:
         self.client.call("open_client", folder=str(self.keys_dir / "client"))
         self.server = open_server_worker(self.keys_dir / "server")
         sizes = reply["sizes"]
+        self.rotation_keys = int(reply["rotation_keys"])
         self.key_sizes_bytes = {
             "public_context": sizes["context"] + sizes["public"],
             "relin_keys": sizes["mult"],
@@ -358,6 +370,7 @@ class OpenFheBackend:
             "levels_after_bootstrap": plan.levels_after,
             "bootstrap_depth": plan.bootstrap_depth,
             "level_budget": list(plan.level_budget),
+            "bootstrap_baby_steps": list(plan.baby_steps),
             "bootstraps": len(plan.bootstrap_tags),
             "bootstraps_per_stage": bootstraps_per_stage(plan.bootstrap_tags),
             "bootstrap_entry_levels": dict(plan.entry_levels),
@@ -368,6 +381,7 @@ class OpenFheBackend:
             "op_counts_per_tag": planned["op_counts_per_tag"],
             "rotation_steps": list(plan.rotation_steps),
             "galois_keys_count": len(plan.rotation_steps),
+            "rotation_keys_made": self.rotation_keys,
             "approximations": {
                 k: {a: b for a, b in v.items() if a != "coeffs"}
                 for k, v in self.program.ops.items()

@@ -132,12 +132,16 @@ class WorkerProcess:
     def to_bytes(self, ct: Ciphertext) -> bytes:
         return self.call("to_bytes", handle=ct.handle)[1][0]
 
-    def from_bytes(self, blob: bytes, fresh_level: int | None = None) -> Ciphertext:
+    def from_bytes(
+        self, blob: bytes, fresh_level: int | None = None, adopt: bool = True
+    ) -> Ciphertext:
         """``fresh_level``: refuse (EngineError) anything but a fresh ciphertext encoded at that
-        level under the keys loaded with ``load_keys`` (a served query)."""
+        level under the keys loaded with ``load_keys`` (a served query). A server worker adopts
+        what it receives into its own context (``Worker._adopt``); ``adopt=False`` leaves it as
+        deserialised, for benchmarks/ckks_bootstrap.py to measure the difference."""
         if fresh_level is None:
-            return self.ciphertext(self.call("from_bytes", (blob,))[0])
-        reply = self.call("from_bytes", (blob,), fresh=True, level=int(fresh_level))[0]
+            return self.ciphertext(self.call("from_bytes", (blob,), adopt=adopt)[0])
+        reply = self.call("from_bytes", (blob,), fresh=True, level=int(fresh_level), adopt=adopt)[0]
         return self.ciphertext(reply)
 
     @property
