@@ -7,6 +7,8 @@ bootstrap placement are those of the 128-bit N = 2^16 parameters (``levels_after
 """
 
 import json
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -148,40 +150,50 @@ def test_the_worker_reports_errors_and_survives_them():
         worker.close()
 
 
-def bootstrap_error(tmp_path, baby_steps: list[int]) -> tuple[int, float]:
-    """(rotation keys made, max error of one bootstrap of values in [-1, 1]) at the insecure test
-    ring, 1024 of its 2048 slots (sparse, as the 128-bit models' 2048 of 32768)."""
-    after, depth = chain_at_128_bits()
-    slots = 1024
-    params = {
+def insecure_params(**overrides) -> dict:
+    """Worker params at the insecure test ring (N = 4096), the engine's chain settings."""
+    return {
         "secure": False,
         "ring_dim": 4096,
         "scale_bits": SCALE_BITS,
         "first_mod_bits": FIRST_MOD_BITS,
         "large_digits": LARGE_DIGITS,
-        "total_depth": after + depth,
-        "slots": slots,
         "level_budget": list(LEVEL_BUDGET),
-        "baby_steps": baby_steps,
-        "bootstrap": True,
         "rotation_steps": [],
+        **overrides,
     }
-    folder = tmp_path / "x".join(map(str, baby_steps))
+
+
+@contextmanager
+def keyed_workers(params: dict, folder: Path):
+    """(keygen reply, client worker, server worker) on fresh keys made under ``folder``, each as
+    the engine opens them; every worker closed on exit."""
     maker, client, server = WorkerProcess(), WorkerProcess(), WorkerProcess()
     try:
-        server_dir, client_dir = folder / "server", folder / "client"
-        reply, _ = maker.call(
-            "keygen", params=params, server_dir=str(server_dir), client_dir=str(client_dir)
-        )
-        client.call("open_client", folder=str(client_dir))
-        server.call("open_server", folder=str(server_dir))
+        server_dir, client_dir = str(folder / "server"), str(folder / "client")
+        reply, _ = maker.call("keygen", params=params, server_dir=server_dir, client_dir=client_dir)
+        client.call("open_client", folder=client_dir)
+        server.call("open_server", folder=server_dir)
+        yield reply, client, server
+    finally:
+        for worker in (maker, client, server):
+            worker.close()
+
+
+def bootstrap_error(tmp_path, baby_steps: list[int]) -> tuple[int, float]:
+    """(rotation keys made, max error of one bootstrap of values in [-1, 1]) at the insecure test
+    ring, 1024 of its 2048 slots (sparse, as the 128-bit models' 2048 of 32768)."""
+    after, depth = chain_at_128_bits()
+    slots = 1024
+    params = insecure_params(
+        total_depth=after + depth, slots=slots, baby_steps=baby_steps, bootstrap=True
+    )
+    folder = tmp_path / "x".join(map(str, baby_steps))
+    with keyed_workers(params, folder) as (reply, client, server):
         x = np.random.default_rng(0).uniform(-1, 1, slots)
         ct = server.from_bytes(client.to_bytes(client.encrypt(x, depth + after - 2)))
         out = server.ciphertext(server.call("bootstrap", a=ct.handle)[0])
         got = client.decrypt(client.from_bytes(server.to_bytes(out)))[:slots]
-    finally:
-        for worker in (maker, client, server):
-            worker.close()
     return reply["rotation_keys"], float(np.max(np.abs(got - x)))
 
 
@@ -196,23 +208,8 @@ def test_the_engines_baby_steps_make_fewer_bootstrap_keys_at_the_same_precision(
 def test_the_server_adopts_what_it_receives_the_same_values_under_fresh_randomness(tmp_path):
     """A server worker adds a fresh encryption of zero to each ciphertext it deserialises (OpenFHE
     bootstraps a deserialised one at half speed): the values and level stay, the bytes change."""
-    params = {
-        "secure": False,
-        "ring_dim": 4096,
-        "scale_bits": SCALE_BITS,
-        "first_mod_bits": FIRST_MOD_BITS,
-        "large_digits": LARGE_DIGITS,
-        "total_depth": 4,
-        "slots": 8,
-        "level_budget": list(LEVEL_BUDGET),
-        "bootstrap": False,
-        "rotation_steps": [],
-    }
-    maker, client, server = WorkerProcess(), WorkerProcess(), WorkerProcess()
-    try:
-        maker.call("keygen", params=params, server_dir=f"{tmp_path}/s", client_dir=f"{tmp_path}/c")
-        client.call("open_client", folder=f"{tmp_path}/c")
-        server.call("open_server", folder=f"{tmp_path}/s")
+    params = insecure_params(total_depth=4, slots=8, bootstrap=False)
+    with keyed_workers(params, tmp_path) as (_, client, server):
         x = np.random.default_rng(1).uniform(-4, 4, 8)
         blob = client.to_bytes(client.encrypt(x, 1))
         adopted, as_is = server.from_bytes(blob), server.from_bytes(blob, adopt=False)
@@ -221,9 +218,6 @@ def test_the_server_adopts_what_it_receives_the_same_values_under_fresh_randomne
         for ct in (adopted, as_is):
             got = client.decrypt(client.from_bytes(server.to_bytes(ct)))[:8]
             np.testing.assert_allclose(got, x, atol=1e-6)
-    finally:
-        for worker in (maker, client, server):
-            worker.close()
 
 
 def test_a_plan_saved_before_the_baby_steps_keeps_openfhes_own():
