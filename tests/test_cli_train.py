@@ -199,3 +199,30 @@ def test_an_option_typed_with_its_default_value_wins_over_the_recipe(tmp_path):
     config = load_checkpoint(out).model.config
     assert config.attention.value == "inhibitor"  # typed, though it is the default
     assert (config.d_model, config.ffn_activation.value) == (16, "quad")  # from the recipe
+
+
+def test_a_text_recipe_widens_its_quantization_beyond_the_shape_it_was_tuned_on():
+    """benchmarks/results/text_widths.md: the 1-block widths lose 3-6 points on 2 blocks or 32
+    segments; the recipe switches to its wider widths there, and an explicit --qat-quant wins."""
+    from fhe import api
+    from fhe.api.recipes import BEYOND_SHAPE, RECIPES, Recipe
+
+    tuned = RECIPES["imdb", Recipe.TFHE]["qat_quant"]
+    beyond = BEYOND_SHAPE["imdb", Recipe.TFHE]
+    blocks, segments = beyond.blocks["qat_quant"], beyond.segments["qat_quant"]
+    assert len({str(tuned), str(blocks), str(segments)}) == 3
+
+    def quant(**fields):
+        return api.with_recipe(api.TrainRequest(task="imdb", recipe="tfhe", **fields)).qat_quant
+
+    assert quant() == tuned
+    assert quant(layers=1, seq_len=16) == tuned
+    assert quant(layers=2) == blocks
+    assert quant(seq_len=32) == segments
+    assert quant(layers=2, seq_len=32) == segments  # the longer shape's options win
+    assert quant(layers=2, qat_quant={"weight_bits": 6}) == {"weight_bits": 6}
+    given = frozenset({"layers", "qat_quant"})  # the CLI's path: typed options named
+    typed = api.TrainRequest(task="imdb", recipe="tfhe", layers=2, qat_quant={"lut_bits": 6})
+    assert api.with_recipe(typed, given=given).qat_quant == {"lut_bits": 6}
+    ckks = api.with_recipe(api.TrainRequest(task="imdb", recipe="ckks", layers=2))
+    assert ckks.qat_quant == api.TrainRequest().qat_quant  # CKKS has no widths to widen

@@ -56,7 +56,7 @@ class TrainRequest:
         "A named recipe for the task (digits, imdb, imdb-lm): tfhe (small lookups; digits: the "
         "make demo model), ckks (shallow polynomials) or ckks-deep (digits: the PowerSoftmax "
         "paper's LayerNorm, GELU, 2 blocks; --engine auto bootstraps it); it sets every option "
-        "you do not give.",
+        "you do not give (imdb under tfhe: wider bit widths past 1 block or 16 segments).",
     )
     layers: int | None = option_field(
         None,
@@ -276,17 +276,29 @@ class TrainOutcome:
 def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> TrainRequest:
     """``req`` with its recipe's options, except in the fields ``given`` names (the command line
     knows which options were typed); without ``given``, the fields that differ from their
-    defaults keep their values."""
+    defaults keep their values. A model with more blocks or segments than the recipe was tuned on
+    gets the recipe's options for that shape where it has them
+    (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths)."""
     if req.recipe is None:
         return req
-    from fhe.api.recipes import recipe_for
+    from fhe.api.recipes import BEYOND_SHAPE, recipe_for
 
     defaults = TrainRequest()
     recipe = recipe_for(req.task, req.recipe)
     if given is None:
         given = frozenset(k for k in recipe if getattr(req, k) != getattr(defaults, k))
     options = {k: v for k, v in recipe.items() if k not in given}
-    return dataclasses.replace(req, **options, recipe=None)
+    out = dataclasses.replace(req, **options, recipe=None)
+    beyond = BEYOND_SHAPE.get((req.task, Recipe(req.recipe)))
+    if beyond is None:
+        return out
+    preset_layers = PRESETS[req.task].n_layers
+    deeper = (out.layers or preset_layers) > recipe.get("layers", preset_layers)
+    longer = out.seq_len is not None and out.seq_len > recipe.get("seq_len", out.seq_len)
+    for wider, extra in ((deeper, beyond.blocks), (longer, beyond.segments)):
+        if wider:
+            out = dataclasses.replace(out, **{k: v for k, v in extra.items() if k not in given})
+    return out
 
 
 def train_model(req: TrainRequest, progress: bool = True) -> TrainOutcome:

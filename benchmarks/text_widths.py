@@ -1,0 +1,200 @@
+"""Which bit widths keep a TFHE text program within 1 point of its float model (issue 27)?
+
+    python benchmarks/text_widths.py                   # every shape, seeds 0-2 (about 30 min)
+    python benchmarks/text_widths.py --only imdb-L2 --seeds 0
+
+For each shape (2 blocks at T = 16, 1 block at T = 32, the next-word model) and each candidate
+quantization, a model is trained per seed with ``fhe train --task <task> --recipe tfhe`` and the
+candidate as ``--qat-quant`` (the float model, then 3 epochs of QAT through the integer program).
+The float model as trained (before QAT) and the integer program are scored on the whole test split;
+the gap is their difference, per seed. The cost columns are the first seed's compiled circuit (no
+keys made): PBS count, the compiler's latency estimate and the evaluation keys' size.
+
+Writes benchmarks/results/text_widths.md|json. Everything goes through fhe.api.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._results import command_line, write_results  # noqa: E402
+
+# the text recipes' widths (fhe.api.recipes): the TFHE defaults are 6-bit activations, 4-bit
+# weights and inputs, 3-bit Q/K/V read by 4-bit lookups, 5-bit lookup inputs
+ONE_BLOCK = {"inhibitor_positive_v": True}  # the 1-block sentiment recipe's
+WIDE_ATTENTION = {"attention_bits": 4, "attention_lut_bits": 5}
+CANDIDATES = {
+    "imdb": {
+        "1-block recipe": ONE_BLOCK,
+        "5-bit weights/inputs, 4-bit Q/K/V": {
+            **ONE_BLOCK,
+            **WIDE_ATTENTION,
+            "weight_bits": 5,
+            "input_bits": 5,
+        },
+        "6-bit weights/inputs, 4-bit Q/K/V": {
+            **ONE_BLOCK,
+            **WIDE_ATTENTION,
+            "weight_bits": 6,
+            "input_bits": 6,
+        },
+    },
+    "imdb-lm": {
+        "6-bit weights/inputs": {"weight_bits": 6, "input_bits": 6},
+        "6-bit weights/inputs/lookups, 6-bit Q/K/V": {
+            "weight_bits": 6,
+            "input_bits": 6,
+            "lut_bits": 6,
+            "attention_bits": 6,
+            "attention_lut_bits": 6,
+        },
+    },
+}
+SHAPES = {  # name -> (task, layers, T)
+    "imdb-L2-T16": ("imdb", 2, 16),
+    "imdb-L1-T32": ("imdb", 1, 32),
+    "imdb-lm-L1-T16": ("imdb-lm", 1, 16),
+}
+
+
+def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool) -> dict:
+    import torch
+
+    from fhe import api
+
+    torch.set_num_threads(2)
+    task, layers, seq_len = SHAPES[shape]
+    quant = CANDIDATES[task][candidate]
+    req = api.TrainRequest(
+        task=task,
+        recipe="tfhe",
+        layers=layers,
+        seq_len=seq_len,
+        seed=seed,
+        qat_quant=quant,
+        data_dir=Path(data_dir) if data_dir else None,
+    )
+    req = api.with_recipe(req, given=frozenset({"layers", "seq_len", "seed", "qat_quant"}))
+    start = time.perf_counter()
+    outcome = api.train_model(req, progress=False)
+    out = {
+        "shape": shape,
+        "candidate": candidate,
+        "qat_quant": quant,
+        "seed": seed,
+        "float": outcome.float_score,  # as trained, before QAT
+        "program": outcome.test_score,  # the integer program after QAT, whole test split
+        "train_s": time.perf_counter() - start,
+    }
+    if cost:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.pt"
+            outcome.save(path)
+            opts = api.CompileOptions(scheme="tfhe", data_dir=req.data_dir)
+            rep = api.compile_file(path, opts, simulate_only=True).report()
+        out.update(
+            pbs=rep.get("pbs_count"),
+            est_latency_s=rep.get("estimated_latency_s"),
+            eval_keys_bytes=rep.get("key_sizes_bytes", {}).get("evaluation"),
+        )
+    return out
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """One line per (shape, candidate): mean float and program, each seed's gap, the cost."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["candidate"]), []).append(r)
+    out = []
+    for (shape, candidate), rs in groups.items():
+        gaps = [100 * (r["float"] - r["program"]) for r in sorted(rs, key=lambda r: r["seed"])]
+        cost = next((r for r in rs if "pbs" in r), {})
+        out.append(
+            {
+                "shape": shape,
+                "candidate": candidate,
+                "seeds": sorted(r["seed"] for r in rs),
+                "float_mean": sum(r["float"] for r in rs) / len(rs),
+                "program_mean": sum(r["program"] for r in rs) / len(rs),
+                "gaps_points": gaps,
+                "gap_mean": sum(gaps) / len(gaps),
+                "within_1_point": sum(g <= 1.0 for g in gaps),
+                **{k: cost[k] for k in ("pbs", "est_latency_s", "eval_keys_bytes") if k in cost},
+            }
+        )
+    return out
+
+
+def markdown(summary: list[dict], load: str, command: str, cost_seed: int) -> list[str]:
+    lines = [
+        "# TFHE text programs: bit widths against the 1-point gap to float (issue 27)",
+        "",
+        f"`{command}`",
+        "",
+        f"Machine: 2 shared cores; load average at the start {load}. Each cell: `fhe train --task "
+        "<task> --recipe tfhe` with the candidate as `--qat-quant` (3 QAT epochs through the "
+        "integer program), one model per seed. Float: the model as trained, before QAT; program: "
+        "the integer program after QAT; both on the whole test split (4000 reviews). Gap: float "
+        f"minus program, in points, per seed. Cost: the seed-{cost_seed} model's circuit, compiled "
+        "without keys (the compiler's latency estimate, not a measurement).",
+        "",
+        "| shape | widths (`--qat-quant`) | float (mean) | program (mean) | gap per seed (points) "
+        "| seeds within 1 point | PBS | est. latency | eval. keys |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        gaps = ", ".join(f"{g:.2f}" for g in s["gaps_points"])
+        keys = s.get("eval_keys_bytes")
+        est = s.get("est_latency_s")
+        lines.append(
+            f"| {s['shape']} | {s['candidate']} | {100 * s['float_mean']:.2f}% | "
+            f"{100 * s['program_mean']:.2f}% | {gaps} (mean {s['gap_mean']:.2f}) | "
+            f"{s['within_1_point']}/{len(s['gaps_points'])} | {s.get('pbs', '—')} | "
+            f"{'—' if est is None else f'{est:.0f} s'} | "
+            f"{'—' if keys is None else f'{keys / 2**30:.2f} GiB'} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    parser.add_argument("--only", default=None, help="shapes whose name contains this")
+    parser.add_argument("--data-dir", default=None, help="IMDB folder (default ../shared/data)")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    shapes = [s for s in SHAPES if args.only is None or args.only in s]
+    if not shapes:
+        parser.error(f"no shape matches --only; shapes: {', '.join(SHAPES)}")
+    load = f"{os.getloadavg()[0]:.2f}"
+    rows = []
+    for shape in shapes:
+        for candidate in CANDIDATES[SHAPES[shape][0]]:
+            for seed in seeds:
+                r = run(shape, candidate, seed, args.data_dir, cost=seed == seeds[0])
+                gap = 100 * (r["float"] - r["program"])
+                print(
+                    f"{shape} | {candidate} | seed {seed}: float {r['float']:.4f} program "
+                    f"{r['program']:.4f} gap {gap:.2f} ({r['train_s']:.0f} s)",
+                    flush=True,
+                )
+                rows.append(r)
+    summary = summarise(rows)
+    command = command_line()
+    lines = markdown(summary, load, command, seeds[0])
+    paths = write_results(
+        "text_widths", lines, {"load": load, "command": command, "rows": rows, "summary": summary}
+    )
+    print("\n".join(lines))
+    print(f"wrote {paths['md']}")
+
+
+if __name__ == "__main__":
+    main()
