@@ -66,7 +66,7 @@ WIDE_QUANT = {
 }
 FULL = [
     Row("tfhe", "inhibitor", 1, 16, 20),
-    # 2 blocks, 32 segments: the recipe's wider widths there (fhe.api.recipes.BEYOND_SHAPE)
+    # 2 blocks (and, below, 32 segments): the recipe's wider widths (fhe.api.recipes.BEYOND_SHAPE)
     Row("tfhe", "inhibitor", 2, 16, 2),
     # the same with 6-bit weights, inputs, Q/K/V and lookups (the TFHE defaults: 4, 4, 3, 5 and 4)
     Row("tfhe", "inhibitor", 2, 16, 0, {"qat_quant": WIDE_QUANT}, tag="6bit"),
