@@ -4,6 +4,7 @@ with the command that produced it)."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ def command_line() -> str:
     """The command that reran this script, from the repository's root (no machine's paths)."""
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else Path(script.name)
-    return "python " + " ".join([shown.as_posix(), *sys.argv[1:]])
+    return "python " + shlex.join([shown.as_posix(), *sys.argv[1:]])  # quoted as typed
 
 
 def write_results(stem: str, markdown_lines: list[str], data) -> dict[str, Path]:

@@ -1,11 +1,13 @@
 """Which bit widths keep a TFHE text program within 1 point of its float model (issue 27)?
 
     python benchmarks/text_widths.py                   # every shape, seeds 0-2 (about 30 min)
-    python benchmarks/text_widths.py --only imdb-L2 --seeds 0
+    python benchmarks/text_widths.py --only imdb-L2 --seeds 0   # replaces those cells only
+    python benchmarks/text_widths.py --only causal --candidate '5-bit Q/K/V'
 
-For each shape (2 blocks at T = 16, 1 block at T = 32, the next-word model) and each candidate
-quantization, a model is trained per seed with ``fhe train --task <task> --recipe tfhe`` and the
-candidate as ``--qat-quant`` (the float model, then 3 epochs of QAT through the integer program).
+For each shape (2 blocks at T = 16, 1 block at T = 32, 1 causal block at T = 16, the next-word
+model) and each candidate quantization, a model is trained per seed with ``fhe train --task <task>
+--recipe tfhe`` and the candidate as ``--qat-quant`` (the float model, then 3 epochs of QAT through
+the integer program).
 The float model as trained (before QAT) and the integer program are scored on the whole test split;
 the gap is their difference, per seed. The cost columns are the first seed's compiled circuit (no
 keys made): PBS count, the compiler's latency estimate and the evaluation keys' size.
@@ -16,6 +18,7 @@ Writes benchmarks/results/text_widths.md|json. Everything goes through fhe.api.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -24,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._results import command_line, write_results  # noqa: E402
+from benchmarks._results import RESULTS, command_line, write_results  # noqa: E402
 
 # the text recipes' widths (fhe.api.recipes): the TFHE defaults are 6-bit activations, 4-bit
 # weights and inputs, 3-bit Q/K/V read by 4-bit lookups, 5-bit lookup inputs
@@ -45,9 +48,18 @@ CANDIDATES = {
             "weight_bits": 6,
             "input_bits": 6,
         },
+        "5-bit weights/inputs, 5-bit Q/K/V": {  # read by 6-bit lookups
+            **ONE_BLOCK,
+            "attention_bits": 5,
+            "attention_lut_bits": 6,
+            "weight_bits": 5,
+            "input_bits": 5,
+        },
     },
     "imdb-lm": {
         "6-bit weights/inputs": {"weight_bits": 6, "input_bits": 6},
+        "6-bit weights/inputs, 4-bit Q/K/V": {**WIDE_ATTENTION, "weight_bits": 6, "input_bits": 6},
+        "6-bit weights/inputs, 6-bit lookups": {"weight_bits": 6, "input_bits": 6, "lut_bits": 6},
         "6-bit weights/inputs/lookups, 6-bit Q/K/V": {
             "weight_bits": 6,
             "input_bits": 6,
@@ -57,10 +69,11 @@ CANDIDATES = {
         },
     },
 }
-SHAPES = {  # name -> (task, layers, T)
-    "imdb-L2-T16": ("imdb", 2, 16),
-    "imdb-L1-T32": ("imdb", 1, 32),
-    "imdb-lm-L1-T16": ("imdb-lm", 1, 16),
+SHAPES = {  # name -> (task, layers, T, causal)
+    "imdb-L2-T16": ("imdb", 2, 16, False),
+    "imdb-L1-T32": ("imdb", 1, 32, False),
+    "imdb-L1-T16-causal": ("imdb", 1, 16, True),  # PowerSoftmax paper Eq. 11's mask
+    "imdb-lm-L1-T16": ("imdb-lm", 1, 16, True),  # causal by construction
 }
 
 
@@ -70,13 +83,14 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
     from fhe import api
 
     torch.set_num_threads(2)
-    task, layers, seq_len = SHAPES[shape]
+    task, layers, seq_len, causal = SHAPES[shape]
     quant = CANDIDATES[task][candidate]
     req = api.TrainRequest(
         task=task,
         recipe="tfhe",
         layers=layers,
         seq_len=seq_len,
+        causal=causal,
         seed=seed,
         qat_quant=quant,
         data_dir=Path(data_dir) if data_dir else None,
@@ -107,13 +121,22 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
     return out
 
 
+def _cell(row: dict) -> tuple[str, str, int]:
+    return row["shape"], row["candidate"], row["seed"]
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """One line per (shape, candidate): mean float and program, each seed's gap, the cost."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["shape"], r["candidate"]), []).append(r)
     out = []
-    for (shape, candidate), rs in groups.items():
+
+    def order(group: tuple[str, str]) -> tuple[int, int]:
+        shape, candidate = group
+        return list(SHAPES).index(shape), list(CANDIDATES[SHAPES[shape][0]]).index(candidate)
+
+    for (shape, candidate), rs in sorted(groups.items(), key=lambda g: order(g[0])):
         gaps = [100 * (r["float"] - r["program"]) for r in sorted(rs, key=lambda r: r["seed"])]
         cost = next((r for r in rs if "pbs" in r), {})
         out.append(
@@ -167,6 +190,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
     parser.add_argument("--only", default=None, help="shapes whose name contains this")
+    parser.add_argument("--candidate", default=None, help="candidates whose name contains this")
     parser.add_argument("--data-dir", default=None, help="IMDB folder (default ../shared/data)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -176,7 +200,8 @@ def main() -> None:
     load = f"{os.getloadavg()[0]:.2f}"
     rows = []
     for shape in shapes:
-        for candidate in CANDIDATES[SHAPES[shape][0]]:
+        candidates = CANDIDATES[SHAPES[shape][0]]
+        for candidate in [c for c in candidates if args.candidate is None or args.candidate in c]:
             for seed in seeds:
                 r = run(shape, candidate, seed, args.data_dir, cost=seed == seeds[0])
                 gap = 100 * (r["float"] - r["program"])
@@ -186,8 +211,13 @@ def main() -> None:
                     flush=True,
                 )
                 rows.append(r)
-    summary = summarise(rows)
     command = command_line()
+    if args.only or args.candidate:  # a partial rerun replaces its cells in the saved table
+        old = json.loads((RESULTS / "text_widths.json").read_text())
+        fresh = {_cell(r): r for r in rows}
+        rows = [fresh.pop(_cell(r), r) for r in old["rows"]] + list(fresh.values())
+        load, command = f"{old['load']}, then {load}", f"{old['command']}; then {command}"
+    summary = summarise(rows)
     lines = markdown(summary, load, command, seeds[0])
     paths = write_results(
         "text_widths", lines, {"load": load, "command": command, "rows": rows, "summary": summary}

@@ -220,9 +220,42 @@ def test_a_text_recipe_widens_its_quantization_beyond_the_shape_it_was_tuned_on(
     assert quant(layers=2) == blocks
     assert quant(seq_len=32) == segments
     assert quant(layers=2, seq_len=32) == segments  # the longer shape's options win
+    assert quant(causal=True) == beyond.causal["qat_quant"] != tuned
+    assert quant(causal=True, seq_len=32) == segments
     assert quant(layers=2, qat_quant={"weight_bits": 6}) == {"weight_bits": 6}
     given = frozenset({"layers", "qat_quant"})  # the CLI's path: typed options named
     typed = api.TrainRequest(task="imdb", recipe="tfhe", layers=2, qat_quant={"lut_bits": 6})
     assert api.with_recipe(typed, given=given).qat_quant == {"lut_bits": 6}
     ckks = api.with_recipe(api.TrainRequest(task="imdb", recipe="ckks", layers=2))
     assert ckks.qat_quant == api.TrainRequest().qat_quant  # CKKS has no widths to widen
+
+
+def test_the_text_recipes_wider_widths_are_the_ones_the_width_sweep_found_best():
+    """The widths BEYOND_SHAPE names for a shape are the candidate that benchmarks/text_widths.py
+    measured within a point of float on the most seeds, among those whose keys fit the text
+    issue's 2 GB: the recipe and its evidence are two places, and this keeps them from drifting
+    apart (rerun the sweep before changing one)."""
+    from pathlib import Path
+
+    from fhe.api.recipes import BEYOND_SHAPE, Recipe
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "text_widths.json"
+    saved = json.loads(results.read_text())
+    widths = {(r["shape"], r["candidate"]): r["qat_quant"] for r in saved["rows"]}
+    beyond = BEYOND_SHAPE["imdb", Recipe.TFHE]
+    chosen = {
+        "imdb-L2-T16": beyond.blocks,
+        "imdb-L1-T32": beyond.segments,
+        "imdb-L1-T16-causal": beyond.causal,
+    }
+    fitting = [s for s in saved["summary"] if s["eval_keys_bytes"] <= 2e9]  # seed 0's circuit
+    best = {  # the first of the candidates with the most seeds within a point
+        shape: max((s for s in fitting if s["shape"] == shape), key=lambda s: s["within_1_point"])
+        for shape in chosen
+    }
+    for shape, options in chosen.items():
+        one_block = next(
+            s for s in saved["summary"] if (s["shape"], s["candidate"]) == (shape, "1-block recipe")
+        )
+        assert best[shape]["gap_mean"] < one_block["gap_mean"], shape
+        assert widths[shape, best[shape]["candidate"]] == options["qat_quant"], shape

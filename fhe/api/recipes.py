@@ -95,27 +95,31 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
 }
 
 
-# Beyond the shape a text recipe was tuned on (one block of 16 segments), its widths cost the
-# integer program 3-6 points against the float model (benchmarks/results/text_widths.md, seeds 0-2).
-# Wider ones there: more blocks, 5-bit weights and inputs and Q/K/V of 4 bits read by 5-bit lookups
-# (within a point on 3 seeds of 3, ~2x the estimated latency); more segments, the same with 6-bit
-# weights and inputs (the 5-bit ones missed on 2 seeds of 3). `with_recipe` applies the blocks'
-# options to a model with more blocks than the recipe's, then the segments' to one with more
-# segments (they win), except the options given.
+# Beyond the shape a text recipe was tuned on (one block of 16 segments, no causal mask), its widths
+# cost the integer program 2-6 points against the float model (benchmarks/results/text_widths.md,
+# seeds 0-2). Wider ones there: more blocks, 5-bit weights and inputs and Q/K/V of 4 bits read by
+# 5-bit lookups (within a point on 3 seeds of 3, ~2x the estimated latency); a causal mask, the same
+# (mean gap 2.93 → 1.43 points, within a point on 1 seed of 3; 5-bit Q/K/V would be 2 of 3, but its
+# keys are 2.19 GB, over the 2 GB the text issue allows); more segments, the same with 6-bit weights
+# and inputs (the 5-bit ones missed on 2 seeds of 3). `with_recipe` applies each that the model
+# goes beyond, in that order (the later win), except the options given.
 _WIDE_TEXT_ATTENTION = {"inhibitor_positive_v": True, "attention_bits": 4, "attention_lut_bits": 5}
 
 
 @dataclass(frozen=True)
 class BeyondShape:
-    """A recipe's options for models deeper (``blocks``) or longer (``segments``) than its own."""
+    """A recipe's options for models deeper (``blocks``), causal (``causal``, where the recipe's
+    model is not) or longer (``segments``) than its own."""
 
     blocks: dict
+    causal: dict
     segments: dict
 
 
 BEYOND_SHAPE: dict[tuple[str, Recipe], BeyondShape] = {
     ("imdb", Recipe.TFHE): BeyondShape(
         blocks=dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5}),
+        causal=dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5}),
         segments=dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 6, "input_bits": 6}),
     ),
 }

@@ -56,7 +56,8 @@ class TrainRequest:
         "A named recipe for the task (digits, imdb, imdb-lm): tfhe (small lookups; digits: the "
         "make demo model), ckks (shallow polynomials) or ckks-deep (digits: the PowerSoftmax "
         "paper's LayerNorm, GELU, 2 blocks; --engine auto bootstraps it); it sets every option "
-        "you do not give (imdb under tfhe: wider bit widths past 1 block or 16 segments).",
+        "you do not give (imdb under tfhe: wider bit widths past 1 block or 16 segments, or "
+        "with --causal).",
     )
     layers: int | None = option_field(
         None,
@@ -276,8 +277,8 @@ class TrainOutcome:
 def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> TrainRequest:
     """``req`` with its recipe's options, except in the fields ``given`` names (the command line
     knows which options were typed); without ``given``, the fields that differ from their
-    defaults keep their values. A model with more blocks or segments than the recipe was tuned on
-    gets the recipe's options for that shape where it has them
+    defaults keep their values. A model with more blocks or segments than the recipe was tuned on,
+    or a causal one, gets the recipe's options for that shape where it has them
     (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths)."""
     if req.recipe is None:
         return req
@@ -294,8 +295,13 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
         return out
     preset_layers = PRESETS[req.task].n_layers
     deeper = (out.layers or preset_layers) > recipe.get("layers", preset_layers)
+    causal = out.causal and not recipe.get("causal", False)
     longer = out.seq_len is not None and out.seq_len > recipe.get("seq_len", out.seq_len)
-    for wider, extra in ((deeper, beyond.blocks), (longer, beyond.segments)):
+    for wider, extra in (
+        (deeper, beyond.blocks),
+        (causal, beyond.causal),
+        (longer, beyond.segments),
+    ):
         if wider:
             out = dataclasses.replace(out, **{k: v for k, v in extra.items() if k not in given})
     return out
