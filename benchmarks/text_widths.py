@@ -1,13 +1,13 @@
 """Which bit widths keep a TFHE text program within 1 point of its float model (issue 27)?
 
-    python benchmarks/text_widths.py                   # every shape, seeds 0-2 (about 30 min)
+    python benchmarks/text_widths.py                   # every shape, seeds 0-2 (about an hour)
     python benchmarks/text_widths.py --only imdb-L2 --seeds 0   # replaces those cells only
     python benchmarks/text_widths.py --only causal --candidate '5-bit Q/K/V'
 
-For each shape (2 blocks at T = 16, 1 block at T = 32, 1 causal block at T = 16, the next-word
-model) and each candidate quantization, a model is trained per seed with ``fhe train --task <task>
---recipe tfhe`` and the candidate as ``--qat-quant`` (the float model, then 3 epochs of QAT through
-the integer program).
+For each shape (2 blocks at T = 16, 1 block at T = 32, 1 causal block at T = 16, the first 32 words
+padded, the next-word model) and each candidate quantization, a model is trained per seed with
+``fhe train --task <task> --recipe tfhe`` and the candidate as ``--qat-quant`` (the float model,
+then 3 epochs of QAT through the integer program).
 The float model as trained (before QAT) and the integer program are scored on the whole test split;
 the gap is their difference, per seed. The cost columns are the first seed's compiled circuit (no
 keys made): PBS count, the compiler's latency estimate and the evaluation keys' size.
@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -69,11 +70,23 @@ CANDIDATES = {
         },
     },
 }
-SHAPES = {  # name -> (task, layers, T, causal)
-    "imdb-L2-T16": ("imdb", 2, 16, False),
-    "imdb-L1-T32": ("imdb", 1, 32, False),
-    "imdb-L1-T16-causal": ("imdb", 1, 16, True),  # PowerSoftmax paper Eq. 11's mask
-    "imdb-lm-L1-T16": ("imdb-lm", 1, 16, True),  # causal by construction
+
+
+@dataclass(frozen=True)
+class Shape:
+    task: str
+    layers: int
+    seq_len: int
+    causal: bool = False  # PowerSoftmax paper Eq. 11's mask (imdb-lm: always)
+    padded: bool = False  # the first seq_len words, padded, the key mask encrypted (no segments)
+
+
+SHAPES = {
+    "imdb-L2-T16": Shape("imdb", 2, 16),
+    "imdb-L1-T32": Shape("imdb", 1, 32),
+    "imdb-L1-T16-causal": Shape("imdb", 1, 16, causal=True),
+    "imdb-L1-T32-padded": Shape("imdb", 1, 32, padded=True),
+    "imdb-lm-L1-T16": Shape("imdb-lm", 1, 16, causal=True),
 }
 
 
@@ -83,19 +96,21 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
     from fhe import api
 
     torch.set_num_threads(2)
-    task, layers, seq_len, causal = SHAPES[shape]
-    quant = CANDIDATES[task][candidate]
+    s = SHAPES[shape]
+    quant = CANDIDATES[s.task][candidate]
     req = api.TrainRequest(
-        task=task,
+        task=s.task,
         recipe="tfhe",
-        layers=layers,
-        seq_len=seq_len,
-        causal=causal,
+        layers=s.layers,
+        seq_len=s.seq_len,
+        causal=s.causal,
+        words=None,  # kept only where padded (given), else the recipe's
         seed=seed,
         qat_quant=quant,
         data_dir=Path(data_dir) if data_dir else None,
     )
-    req = api.with_recipe(req, given=frozenset({"layers", "seq_len", "seed", "qat_quant"}))
+    given = {"layers", "seq_len", "seed", "qat_quant"} | ({"words"} if s.padded else set())
+    req = api.with_recipe(req, given=frozenset(given))
     start = time.perf_counter()
     outcome = api.train_model(req, progress=False)
     out = {
@@ -134,7 +149,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 
     def order(group: tuple[str, str]) -> tuple[int, int]:
         shape, candidate = group
-        return list(SHAPES).index(shape), list(CANDIDATES[SHAPES[shape][0]]).index(candidate)
+        return list(SHAPES).index(shape), list(CANDIDATES[SHAPES[shape].task]).index(candidate)
 
     for (shape, candidate), rs in sorted(groups.items(), key=lambda g: order(g[0])):
         gaps = [100 * (r["float"] - r["program"]) for r in sorted(rs, key=lambda r: r["seed"])]
@@ -200,7 +215,7 @@ def main() -> None:
     load = f"{os.getloadavg()[0]:.2f}"
     rows = []
     for shape in shapes:
-        candidates = CANDIDATES[SHAPES[shape][0]]
+        candidates = CANDIDATES[SHAPES[shape].task]
         for candidate in [c for c in candidates if args.candidate is None or args.candidate in c]:
             for seed in seeds:
                 r = run(shape, candidate, seed, args.data_dir, cost=seed == seeds[0])
