@@ -145,12 +145,12 @@ def summarise(rows: list[dict]) -> list[dict]:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["shape"], r["candidate"]), []).append(r)
-    out = []
 
-    def order(group: tuple[str, str]) -> tuple[int, int]:
+    def order(group: tuple[str, str]) -> tuple[int, int]:  # the order SHAPES and CANDIDATES give
         shape, candidate = group
         return list(SHAPES).index(shape), list(CANDIDATES[SHAPES[shape].task]).index(candidate)
 
+    out = []
     for (shape, candidate), rs in sorted(groups.items(), key=lambda g: order(g[0])):
         gaps = [100 * (r["float"] - r["program"]) for r in sorted(rs, key=lambda r: r["seed"])]
         cost = next((r for r in rs if "pbs" in r), {})
