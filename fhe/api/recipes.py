@@ -104,6 +104,7 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
 # and inputs (the 5-bit ones missed on 2 seeds of 3). `with_recipe` applies each that the model
 # goes beyond, in that order (the later win), except the options given.
 _WIDE_TEXT_ATTENTION = {"inhibitor_positive_v": True, "attention_bits": 4, "attention_lut_bits": 5}
+_FIVE_BIT_TEXT = dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5})
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,8 @@ class BeyondShape:
 
 BEYOND_SHAPE: dict[tuple[str, Recipe], BeyondShape] = {
     ("imdb", Recipe.TFHE): BeyondShape(
-        blocks=dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5}),
-        causal=dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5}),
+        blocks=_FIVE_BIT_TEXT,
+        causal=_FIVE_BIT_TEXT,
         segments=dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 6, "input_bits": 6}),
     ),
 }
