@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._results import command_line, write_results  # noqa: E402
+from benchmarks._results import command_line, merged_with_saved, write_results  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -301,18 +301,11 @@ def main() -> None:
         print(r, flush=True)
         results.append(r)
     command = command_line()
-    saved = {"rows": results, "load": load, "command": command}
     if args.only or args.row:  # rerun rows: replace them in the saved table, keep the others
-        from benchmarks._results import RESULTS
-
-        old = json.loads((RESULTS / f"{stem}.json").read_text())
-        fresh = {r["row"]: r for r in results}
-        merged = [fresh.pop(r["row"], r) for r in old["rows"]] + list(fresh.values())
-        command = f"{old.get('command', 'python benchmarks/text.py')}; then {command}"
-        saved = {"rows": merged, "load": f"{old['load']}, then {load}", "command": command}
-        results = merged
-    paths = write_results(stem, markdown(results, saved["load"], command), saved)
-    print("\n".join(markdown(results, saved["load"], command)))
+        results, load, command = merged_with_saved(stem, results, lambda r: r["row"], load, command)
+    saved = {"rows": results, "load": load, "command": command}
+    paths = write_results(stem, markdown(results, load, command), saved)
+    print("\n".join(markdown(results, load, command)))
     print(f"wrote {paths['md']}")
 
 

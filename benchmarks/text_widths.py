@@ -18,7 +18,6 @@ Writes benchmarks/results/text_widths.md|json. Everything goes through fhe.api.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._results import RESULTS, command_line, write_results  # noqa: E402
+from benchmarks._results import command_line, merged_with_saved, write_results  # noqa: E402
 
 # the text recipes' widths (fhe.api.recipes): the TFHE defaults are 6-bit activations, 4-bit
 # weights and inputs, 3-bit Q/K/V read by 4-bit lookups, 5-bit lookup inputs
@@ -213,10 +212,19 @@ def main() -> None:
     if not shapes:
         parser.error(f"no shape matches --only; shapes: {', '.join(SHAPES)}")
     load = f"{os.getloadavg()[0]:.2f}"
+    picked = {
+        shape: [
+            c
+            for c in CANDIDATES[SHAPES[shape].task]
+            if args.candidate is None or args.candidate in c
+        ]
+        for shape in shapes
+    }
+    if not any(picked.values()):
+        parser.error("no candidate of those shapes matches --candidate")
     rows = []
     for shape in shapes:
-        candidates = CANDIDATES[SHAPES[shape].task]
-        for candidate in [c for c in candidates if args.candidate is None or args.candidate in c]:
+        for candidate in picked[shape]:
             for seed in seeds:
                 r = run(shape, candidate, seed, args.data_dir, cost=seed == seeds[0])
                 gap = 100 * (r["float"] - r["program"])
@@ -228,10 +236,7 @@ def main() -> None:
                 rows.append(r)
     command = command_line()
     if args.only or args.candidate:  # a partial rerun replaces its cells in the saved table
-        old = json.loads((RESULTS / "text_widths.json").read_text())
-        fresh = {_cell(r): r for r in rows}
-        rows = [fresh.pop(_cell(r), r) for r in old["rows"]] + list(fresh.values())
-        load, command = f"{old['load']}, then {load}", f"{old['command']}; then {command}"
+        rows, load, command = merged_with_saved("text_widths", rows, _cell, load, command)
     summary = summarise(rows)
     lines = markdown(summary, load, command, seeds[0])
     paths = write_results(
