@@ -78,14 +78,17 @@ class Shape:
     seq_len: int
     causal: bool = False  # PowerSoftmax paper Eq. 11's mask (imdb-lm: always)
     padded: bool = False  # the first seq_len words, padded, the key mask encrypted (no segments)
+    causal_mean: bool = False  # the causal Inhibitor's sums as means (``--causal-mean``)
 
 
 SHAPES = {
     "imdb-L2-T16": Shape("imdb", 2, 16),
     "imdb-L1-T32": Shape("imdb", 1, 32),
     "imdb-L1-T16-causal": Shape("imdb", 1, 16, causal=True),
+    "imdb-L1-T16-causal-mean": Shape("imdb", 1, 16, causal=True, causal_mean=True),
     "imdb-L1-T32-padded": Shape("imdb", 1, 32, padded=True),
     "imdb-lm-L1-T16": Shape("imdb-lm", 1, 16, causal=True),
+    "imdb-lm-L1-T16-mean": Shape("imdb-lm", 1, 16, causal=True, causal_mean=True),
 }
 
 
@@ -103,12 +106,14 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
         layers=s.layers,
         seq_len=s.seq_len,
         causal=s.causal,
+        causal_mean=s.causal_mean,
         words=None,  # kept only where padded (given), else the recipe's
         seed=seed,
         qat_quant=quant,
         data_dir=Path(data_dir) if data_dir else None,
     )
-    given = {"layers", "seq_len", "seed", "qat_quant"} | ({"words"} if s.padded else set())
+    given = {"layers", "seq_len", "seed", "qat_quant", "causal_mean"}
+    given |= {"words"} if s.padded else set()
     req = api.with_recipe(req, given=frozenset(given))
     start = time.perf_counter()
     outcome = api.train_model(req, progress=False)
@@ -200,11 +205,20 @@ def markdown(summary: list[dict], load: str, command: str, cost_seed: int) -> li
     return lines
 
 
+def _matching(candidates: dict, name: str | None) -> list[str]:
+    """The candidate called ``name``, else those whose name contains it (all for None)."""
+    if name in candidates:
+        return [name]
+    return [c for c in candidates if name is None or name in c]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
     parser.add_argument("--only", default=None, help="shapes whose name contains this")
-    parser.add_argument("--candidate", default=None, help="candidates whose name contains this")
+    parser.add_argument(
+        "--candidate", default=None, help="the candidate of this name, else those containing it"
+    )
     parser.add_argument("--data-dir", default=None, help="IMDB folder (default ../shared/data)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -212,14 +226,7 @@ def main() -> None:
     if not shapes:
         parser.error(f"no shape matches --only; shapes: {', '.join(SHAPES)}")
     load = f"{os.getloadavg()[0]:.2f}"
-    picked = {
-        shape: [
-            c
-            for c in CANDIDATES[SHAPES[shape].task]
-            if args.candidate is None or args.candidate in c
-        ]
-        for shape in shapes
-    }
+    picked = {shape: _matching(CANDIDATES[SHAPES[shape].task], args.candidate) for shape in shapes}
     if not any(picked.values()):
         parser.error("no candidate of those shapes matches --candidate")
     rows = []

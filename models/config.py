@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
+import numpy as np
+
 E = TypeVar("E", bound=Enum)
 
 
@@ -62,6 +64,22 @@ class PowerForm(str, Enum):
     LENGTH_AGNOSTIC = "length-agnostic"  # Eq. 7 with ε throughout: the polynomial model's form
 
 
+def causal_mean_factors(T: int) -> tuple[np.ndarray, int]:
+    """Under ``causal_mean``, query i's sums are scaled by m_i / n: n = 4·2^⌈log2 T⌉ and m_i =
+    round(n / (i + 1)) (>= 4), within 12% of the mean's 1 / (i + 1). An integer over a power of
+    two, so the integer program multiplies by the clear integer m_i and its scale absorbs n."""
+    n = 4 << max(0, (T - 1).bit_length())
+    return np.floor(n / np.arange(1, T + 1) + 0.5).astype(np.int64), n
+
+
+def causal_mean_scale(T: int) -> np.ndarray:
+    """(T,): m_i / n of :func:`causal_mean_factors`, query i's scale under ``causal_mean``."""
+    m, n = causal_mean_factors(T)
+    return m / n
+
+
+INHIBITOR_KINDS = (AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR)
+
 # the kinds whose attention takes a mask (key padding, causal); the others are token-local
 # (activator, geglu-only: a padding position changes nothing but itself) or mix positions through a
 # transform that has no mask (dct: DCT-Former compresses the whole sequence, padding included)
@@ -90,6 +108,9 @@ class TransformerConfig:
     mask (:data:`MASKED_KINDS`), so a padded sequence gives the logits of the unpadded one; an
     embedded input (the client's vectors of such a model) carries the mask as its last column.
     ``causal``: query i attends keys j <= i only.
+    ``causal_mean`` (causal Inhibitor kinds): query i's sums over its i + 1 kept keys (Eqs. 6-7)
+    become means, scaled by a public constant per position (:func:`causal_mean_factors`), so that
+    the first positions' sums, over few keys, are not on another scale than the last ones'.
     ``pooling``: ``mean`` (a sequence classifier) or ``last`` (the last word's output, a next-word
     model; token inputs that mask their padding, no ``words``).
     ``words`` (token inputs): the model reads this many words and mean-pools them into ``seq_len``
@@ -120,6 +141,7 @@ class TransformerConfig:
     tie_qk: bool = False
     mask_padding: bool = True  # token inputs: no query attends a padding key (and pooling skips it)
     causal: bool = False  # query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask)
+    causal_mean: bool = False  # causal Inhibitor: each query's sums as means over its kept keys
     words: int | None = None  # token inputs: words read, pooled into seq_len segments
     pooling: Pooling = Pooling.MEAN
 
@@ -153,6 +175,12 @@ class TransformerConfig:
             raise ValueError(
                 f"causal attention is an option of {', '.join(k.value for k in MASKED_KINDS)}, "
                 f"not of {self.attention.value}"
+            )
+        if self.causal_mean and not (self.causal and self.attention in INHIBITOR_KINDS):
+            raise ValueError(
+                "causal_mean is an option of causal Inhibitor attention (the other kinds "
+                f"normalise their rows already), not of {'causal ' if self.causal else ''}"
+                f"{self.attention.value}" + ("" if self.causal else " without causal")
             )
         if self.words is not None and (
             self.input_kind is not InputKind.TOKENS or self.words < self.seq_len

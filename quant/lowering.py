@@ -214,16 +214,25 @@ class Lowering:
         return self._out(node, scale if per_channel else float(scale), fake)
 
     def matmul_left(
-        self, matrix: np.ndarray, x: QValue, name: str, tag: str, integer: bool = False
+        self,
+        matrix: np.ndarray,
+        x: QValue,
+        name: str,
+        tag: str,
+        integer: bool = False,
+        denominator: int = 1,
     ) -> QValue:
         """M @ x along the sequence axis (axis -2) with a clear matrix M quantized to
         weight_bits; ``integer``: M is already an integer matrix (a selection, e.g. pair
-        differences), used as it is, so x's scale is kept."""
+        differences), used as it is, so x's scale is kept, or divided by ``denominator``: the
+        product is (M / denominator) @ x, exactly, on a grid ``denominator`` times finer."""
         if isinstance(x.scale, np.ndarray):
             raise ValueError(f"{name}: needs a per-tensor input scale")
+        if denominator != 1 and not integer:
+            raise ValueError(f"{name}: a denominator needs integer=True")
         s_m: float | np.ndarray
         if integer:
-            m_int, s_m = np.asarray(matrix, dtype=np.int64), 1.0
+            m_int, s_m = np.asarray(matrix, dtype=np.int64), 1.0 / denominator
             if not np.array_equal(m_int, matrix):
                 raise ValueError(f"{name}: integer=True needs an integer matrix")
         else:

@@ -220,7 +220,8 @@ def test_a_text_recipe_widens_its_quantization_beyond_the_shape_it_was_tuned_on(
     assert quant(layers=2) == blocks
     assert quant(seq_len=32) == segments
     assert quant(layers=2, seq_len=32) == segments  # the longer shape's options win
-    assert quant(causal=True) == beyond.causal["qat_quant"] != tuned
+    assert quant(causal=True) == tuned  # a causal model: means, at the 1-block widths
+    assert beyond.causal == {"causal_mean": True}
     assert quant(causal=True, seq_len=32) == segments
     assert quant(layers=2, qat_quant={"weight_bits": 6}) == {"weight_bits": 6}
     given = frozenset({"layers", "qat_quant"})  # the CLI's path: typed options named
@@ -243,11 +244,7 @@ def test_the_text_recipes_wider_widths_are_the_ones_the_width_sweep_found_best()
     saved = json.loads(results.read_text())
     widths = {(r["shape"], r["candidate"]): r["qat_quant"] for r in saved["rows"]}
     beyond = BEYOND_SHAPE["imdb", Recipe.TFHE]
-    chosen = {
-        "imdb-L2-T16": beyond.blocks,
-        "imdb-L1-T32": beyond.segments,
-        "imdb-L1-T16-causal": beyond.causal,
-    }
+    chosen = {"imdb-L2-T16": beyond.blocks, "imdb-L1-T32": beyond.segments}
     fitting = [s for s in saved["summary"] if s["eval_keys_bytes"] <= 2e9]  # seed 0's circuit
     best = {  # the first of the candidates with the most seeds within a point
         shape: max((s for s in fitting if s["shape"] == shape), key=lambda s: s["within_1_point"])
@@ -259,3 +256,16 @@ def test_the_text_recipes_wider_widths_are_the_ones_the_width_sweep_found_best()
         )
         assert best[shape]["gap_mean"] < one_block["gap_mean"], shape
         assert widths[shape, best[shape]["candidate"]] == options["qat_quant"], shape
+    # a causal model: no candidate within 2 GB is within a point on more than 1 seed of 3, so the
+    # recipe takes the most accurate program among those that fit the text issue's other two
+    # targets, 2 GB of keys and 60 s per review (the compiler's estimate): the means at the 1-block
+    # widths
+    assert max(s["within_1_point"] for s in fitting if "causal" in s["shape"]) <= 1
+    causal = [
+        s
+        for s in fitting
+        if s["shape"].startswith("imdb-L1-T16-causal") and s["est_latency_s"] <= 60
+    ]
+    pick = max(causal, key=lambda s: s["program_mean"])
+    assert (pick["shape"], pick["candidate"]) == ("imdb-L1-T16-causal-mean", "1-block recipe")
+    assert beyond.causal == {"causal_mean": True}  # and the tuned widths: no qat_quant

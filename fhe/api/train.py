@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING
 from fhe.api._common import coerce_enums, option_field
 from fhe.api.recipes import Recipe
 from fhe.errors import BadOptionError
-from models.config import Activation, AttentionKind, InputKind, NormKind, Pooling, PowerForm
+from models.config import (
+    INHIBITOR_KINDS,
+    Activation,
+    AttentionKind,
+    InputKind,
+    NormKind,
+    Pooling,
+    PowerForm,
+)
 from models.presets import PRESETS
 
 if TYPE_CHECKING:
@@ -95,6 +103,13 @@ class TrainRequest:
         False,
         "Query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask; dot-product, "
         "Inhibitor kinds, PowerSoftmax). Always on for imdb-lm (next-word prediction).",
+    )
+    causal_mean: bool = option_field(
+        False,
+        "Causal Inhibitor: each query's sums over its i + 1 keys become means (times a public "
+        "constant per position, ~1/(i + 1)). Under TFHE a clear product (no PBS, a wider sum); "
+        "under CKKS folded into the output projection (no level).",
+        pair=True,
     )
     epochs: int | None = option_field(
         None,
@@ -304,6 +319,8 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     ):
         if wider:
             out = dataclasses.replace(out, **{k: v for k, v in extra.items() if k not in given})
+    if out.causal_mean and "causal_mean" not in given and out.attention not in INHIBITOR_KINDS:
+        out = dataclasses.replace(out, causal_mean=False)  # an Inhibitor option; --attention won
     return out
 
 
@@ -439,6 +456,7 @@ def _training_setup(req: TrainRequest):
             tie_qk=req.tie_qk,
             mask_padding=req.mask_padding,
             causal=req.causal or data.pooling is Pooling.LAST,  # next-word: reads left to right
+            causal_mean=req.causal_mean,
             n_layers=req.layers or preset.n_layers,
             norm=req.norm,
             ffn_activation=req.ffn_activation,

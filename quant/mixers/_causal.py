@@ -12,6 +12,7 @@ from functools import cache
 
 import numpy as np
 
+from models.config import causal_mean_factors
 from quant.lowering import Lowering, QValue
 
 
@@ -57,9 +58,18 @@ def keys(low: Lowering, x: QValue, name: str, tag: str) -> QValue:
     return low.matmul_left(_pair_matrix(x.shape[1], 1), x, name, tag, integer=True)
 
 
-def sum_per_query(low: Lowering, x: QValue, T: int, name: str, tag: str) -> QValue:
-    """(nh, P, d) -> (nh, T, d): Σ over each query's kept keys (j <= i)."""
-    return low.matmul_left(_pair_matrix(T, 0).T.copy(), x, name, tag, integer=True)
+def sum_per_query(
+    low: Lowering, x: QValue, T: int, name: str, tag: str, mean_len: int | None = None
+) -> QValue:
+    """(nh, P, d) -> (nh, T, d): Σ over each query's kept keys (j <= i); ``mean_len`` (the
+    model's seq_len, ``TransformerConfig.causal_mean``): times m_i / n ≈ 1 / (i + 1) of
+    :func:`models.config.causal_mean_factors`, the clear integers m_i in the same matrix and n in
+    the scale (no PBS)."""
+    rows = _pair_matrix(T, 0).T.copy()  # (T, P)
+    if mean_len is None:
+        return low.matmul_left(rows, x, name, tag, integer=True)
+    m, n = causal_mean_factors(mean_len)
+    return low.matmul_left(rows * m[:T, None], x, name, tag, integer=True, denominator=n)
 
 
 def diagonal_filled(low: Lowering, s: QValue, name: str, tag: str) -> QValue:

@@ -25,7 +25,15 @@ def lower(low: Lowering, mixer, h: QValue, name: str, cfg) -> tuple[QValue, torc
     # it inhibits nothing and adds nothing, as the float model's masked sums (Eqs. 6-7)
     v = mask_keys(low, heads.v, heads.v_quantizer, f"{name}.v", f"{name}.qkv")
     out = lower_inhibitor(
-        low, mixer, heads.q, heads.k, v, heads.v_quantizer, f"{name}.attn", cfg.causal
+        low,
+        mixer,
+        heads.q,
+        heads.k,
+        v,
+        heads.v_quantizer,
+        f"{name}.attn",
+        cfg.causal,
+        cfg.seq_len if cfg.causal_mean else None,
     )
     return merge_heads(low, out, name), mixer.out_proj
 
@@ -39,6 +47,7 @@ def lower_inhibitor(
     v_quantizer: Quantizer,
     name: str,
     causal: bool = False,
+    mean_len: int | None = None,
 ) -> QValue:
     """Inhibitor, Eqs. (5)-(7).
 
@@ -49,7 +58,9 @@ def lower_inhibitor(
     lookups then read one bit less (3 instead of 4 at the TFHE defaults), on cheaper parameters.
     ``causal`` (PowerSoftmax paper Eq. 11's mask): the program works on the kept pairs j <= i only
     (:mod:`quant.mixers._causal`): its |·| and ReLU lookups skip the removed ones, and the sums
-    over j run per query.
+    over j run per query; ``mean_len`` (the model's seq_len, ``causal_mean``): as means, each
+    query's sum times the clear integer m_i over n (:func:`models.config.causal_mean_factors`),
+    no PBS.
     """
     tag_s, tag_h = f"{name}.scores", f"{name}.inhibit"
     rounding = low.config.round_attention  # round |q − k| and (v − z)⁺ to lut_bits too
@@ -87,7 +98,7 @@ def lower_inhibitor(
 
     def over_keys(x: QValue) -> QValue:  # Σ_j
         if causal:
-            return _causal.sum_per_query(low, x, T, f"{name}.h", tag_h)
+            return _causal.sum_per_query(low, x, T, f"{name}.h", tag_h, mean_len)
         return low.sum(x, -2, f"{name}.h", tag_h)
 
     if not mixer.signed:

@@ -50,13 +50,19 @@ def _programs(prog):
         yield f"packed({packed.pack_attention})", packed.clear
 
 
-@pytest.mark.parametrize("kind", ["power-softmax", "dot-product", *INHIBITORS])
-def test_causal_polynomial_programs_equal_the_causal_float_model(kind):
-    model = _model(True, kind, in_features=5, n_outputs=3)
+@pytest.mark.parametrize(
+    ("kind", "mean"),
+    [("power-softmax", False), ("dot-product", False)]
+    + [(k, mean) for k in INHIBITORS for mean in (False, True)],
+    ids=lambda v: {True: "mean", False: "sums"}.get(v, v) if not isinstance(v, str) else v,
+)
+def test_causal_polynomial_programs_equal_the_causal_float_model(kind, mean):
+    extra = {"causal_mean": True} if mean else {}  # the Inhibitor's sums as means
+    model = _model(True, kind, in_features=5, n_outputs=3, **extra)
     x = 3 * torch.rand(400, _len(kind), 5, dtype=torch.float64)
     prog = build_program(model, x[:360])
     want = float_inference_form(model, x[360:])
-    unmasked = Transformer(model.config.replace(causal=False)).double().eval()
+    unmasked = Transformer(model.config.replace(causal=False, causal_mean=False)).double().eval()
     unmasked.load_state_dict(model.state_dict())
     reference = float_inference_form(unmasked, x[360:])
     gap = np.abs(want - reference).max()

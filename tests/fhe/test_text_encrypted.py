@@ -91,9 +91,25 @@ def test_a_text_model_runs_encrypted_under_tfhe_from_a_text(corpus, tmp_path):
     x_int = quantize_input(client.meta, client.encode_text(text))
     clear, _ = client.local.program.run(x_int[None], OverflowPolicy.CLIP)
     np.testing.assert_array_equal(run.logits, dequantize_output(client.meta, clear[0]).reshape(-1))
-    # `fhe run --text` on the command line: test_a_causal_text_model_runs_encrypted_under_tfhe
+    # `fhe run --text` on the command line: test_a_next_word_model_runs_encrypted_under_tfhe
     res = CliRunner().invoke(main, ["run", str(out), "--sample", "1", "--data-dir", str(corpus)])
     assert res.exit_code == 0 and "sample 1: label 1, encrypted prediction" in res.output
+
+
+def test_a_causal_mean_text_model_runs_encrypted_under_tfhe(corpus, tmp_path):
+    """The imdb TFHE recipe's causal model: the Inhibitor's sums as means (`--causal-mean`, clear
+    integers m_i in the matrix that sums each query's pairs, n in the scale). Encrypted == clear
+    integer program (the program against the float means: tests/quant/test_causal.py)."""
+    from fhe.deploy.client import Client
+
+    model = _train(
+        corpus, tmp_path / "m.pt", "--attention", "inhibitor", "--tie-qk", "--causal",
+        "--causal-mean",
+    )  # fmt: skip
+    res = _compile(model, corpus, tmp_path / "art", *SMALL_TFHE)
+    assert "encrypted output equals the clear integer program: True" in res.output
+    meta = Client(tmp_path / "art" / "client").meta
+    assert meta["model_config"]["causal_mean"] and meta["model_config"]["causal"]
 
 
 @pytest.mark.isolated

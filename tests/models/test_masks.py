@@ -131,3 +131,41 @@ def test_causal_is_refused_where_it_has_no_meaning_and_lowers_everywhere_else():
     for kind in MASKED_KINDS:  # every masked kind has a causal integer and polynomial program
         check_exportable(Transformer(causal.replace(attention=kind)))
         check_model(causal.replace(attention=kind))
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["inhibitor", "signed-inhibitor"])
+def test_a_causal_mean_inhibitor_scales_each_querys_sums_eq_6_7_by_its_public_constant(signed):
+    kind = AttentionKind.SIGNED_INHIBITOR if signed else AttentionKind.INHIBITOR
+    mixer = _model(kind, causal=True, causal_mean=True).blocks[0].mixer
+    q, k, v = _qkv(2)  # (2, 2, T, 3), T = 7 <= seq_len 12
+    got = mixer.attend(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())
+    want = torch.zeros_like(v)
+    for i in range(T):
+        for j in range(i + 1):  # Eqs. (6)-(7), written out, over the keys j <= i
+            z = torch.relu(
+                (q[..., i, :] - k[..., j, :]).abs().sum(-1, keepdim=True) / mixer.gamma
+                - mixer.alpha
+            )
+            if signed:
+                vj = v[..., j, :]
+                want[..., i, :] += torch.relu(torch.relu(vj) - z) - torch.relu(torch.relu(-vj) - z)
+            else:
+                want[..., i, :] += torch.relu(v[..., j, :] - z)
+        n = 4 * 16  # 4 · 2^⌈log2 12⌉: query i's factor round(n / (i + 1)) / n
+        want[..., i, :] *= round(n / (i + 1)) / n
+    torch.testing.assert_close(got, want)
+
+
+def test_a_causal_mean_model_keeps_padding_and_position_rules():
+    model = _model(AttentionKind.INHIBITOR, causal=True, causal_mean=True)
+    with torch.no_grad():
+        for review in REVIEWS:  # the factor is the position's: a padded review, its logits
+            length = int((review != 0).sum())
+            torch.testing.assert_close(model(review[None]), model(review[None, :length]))
+    plain = _model(AttentionKind.INHIBITOR, causal=True)
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        assert not torch.allclose(model(REVIEWS), plain(REVIEWS))
+    for kind, causal in ((AttentionKind.POWER_SOFTMAX, True), (AttentionKind.INHIBITOR, False)):
+        with pytest.raises(ValueError, match="causal_mean is an option of causal Inhibitor"):
+            _model(kind, causal=causal, causal_mean=True)

@@ -13,7 +13,8 @@ compiling it.
 
 Masks, as the float model (``functional.inhibitor``: the sums over j skip the removed keys): causal
 pairs j > i are never computed; a padded model's terms are multiplied by the client's encrypted key
-mask m_j (one level).
+mask m_j (one level). ``causal_mean`` scales query i's sums by a public m_i / n, folded into the
+output projection (no level).
 
 Packed (one sample in the slots, :func:`lower_packed_inhibitor`): the same equations on all T
 relative offsets at once, block r of the attention period holding key (i + r) mod T beside query i,
@@ -35,7 +36,7 @@ from fhe.ckks.arith import Arith, Val
 from fhe.ckks.mixers import register_packed_mixer, register_poly_mixer
 from fhe.ckks.packing import Layout, PVec, Rotations, apply_maps, pow2, rotate_and_sum
 from fhe.errors import FheError
-from models.config import AttentionKind
+from models.config import AttentionKind, causal_mean_scale
 
 if TYPE_CHECKING:
     from fhe.ckks.packed import PackedProgram
@@ -137,9 +138,7 @@ def lower_inhibitor(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
                 for i in range(T):  # Eq. 6 / 7: Σ over the keys query i keeps
                     row = [term for term, p in zip(pos, pairs, strict=True) if p[0] == i]
                     o[i * C + c] = ar.sum(row)
-    return Affine(
-        [(o, per_position(w[f"{key}.out_proj.weight"], T))], np.tile(w[f"{key}.out_proj.bias"], T)
-    )
+    return Affine([(o, _out_proj(cfg, w, key))], np.tile(w[f"{key}.out_proj.bias"], T))
 
 
 # ------------------------------------------------------------------------------------ packed layout
@@ -264,7 +263,15 @@ def lower_packed_inhibitor(
             relu = pk.apply_keep(ar, [A.poly_eval(ar, t, coeffs[name]) for t in ts], keep)
             outs.append(rotate_and_sum(ar, relu[0], pk.block, n_blocks) if packed else ar.sum(relu))
     o = outs[0] if not signed else ar.add(outs[0], ar.neg(outs[1]))  # Eq. 6, or Eq. 7's difference
-    return Affine(
-        [(PVec(o, lay), per_position(w[f"{key}.out_proj.weight"], T))],
-        np.tile(w[f"{key}.out_proj.bias"], T),
-    )
+    return Affine([(PVec(o, lay), _out_proj(cfg, w, key))], np.tile(w[f"{key}.out_proj.bias"], T))
+
+
+def _out_proj(cfg, w: dict, key: str) -> np.ndarray:
+    """The output projection per position, (T·C, T·C); with ``causal_mean``, query i's sums
+    scaled by m_i / n (:func:`models.config.causal_mean_factors`) folded into its columns: no
+    level, no rotation."""
+    T, C = cfg.seq_len, cfg.d_model
+    out = per_position(w[f"{key}.out_proj.weight"], T)
+    if cfg.causal_mean:
+        out = out * np.repeat(causal_mean_scale(T), C)[None, :]
+    return out
