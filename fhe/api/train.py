@@ -107,8 +107,8 @@ class TrainRequest:
     causal_mean: bool = option_field(
         False,
         "Causal Inhibitor: each query's sums over its i + 1 keys become means (times a public "
-        "constant per position, ~1/(i + 1)). Under TFHE a clear product (no PBS, a wider sum); "
-        "under CKKS folded into the output projection (no level).",
+        "constant per position, ~1/(i + 1)). Under TFHE a clear product (a wider sum: more PBS "
+        "after it); under CKKS folded into the output projection (no level).",
         pair=True,
     )
     epochs: int | None = option_field(

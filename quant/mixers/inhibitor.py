@@ -60,7 +60,7 @@ def lower_inhibitor(
     (:mod:`quant.mixers._causal`): its |·| and ReLU lookups skip the removed ones, and the sums
     over j run per query; ``mean_len`` (the model's seq_len, ``causal_mean``): as means, each
     query's sum times the clear integer m_i over n (:func:`models.config.causal_mean_factors`),
-    no PBS.
+    no lookup (a wider sum for the next ones to round).
     """
     tag_s, tag_h = f"{name}.scores", f"{name}.inhibit"
     rounding = low.config.round_attention  # round |q − k| and (v − z)⁺ to lut_bits too
