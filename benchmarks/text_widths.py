@@ -5,7 +5,8 @@
     python benchmarks/text_widths.py --only causal --candidate '5-bit Q/K/V'
 
 For each shape (2 blocks at T = 16, 1 block at T = 32, 1 causal block at T = 16, the first 32 words
-padded, the next-word model) and each candidate quantization, a model is trained per seed with
+padded, the next-word model; the causal ones also with the Inhibitor's means, ``--causal-mean``)
+and each candidate quantization, a model is trained per seed with
 ``fhe train --task <task> --recipe tfhe`` and the candidate as ``--qat-quant`` (the float model,
 then 3 epochs of QAT through the integer program).
 The float model as trained (before QAT) and the integer program are scored on the whole test split;
