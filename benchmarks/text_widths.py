@@ -56,6 +56,10 @@ CANDIDATES = {
             "weight_bits": 5,
             "input_bits": 5,
         },
+        # the 1-block widths with wider client inputs (and weights): Q/K/V stay at 3 bits
+        "1-block recipe, 5-bit inputs": {**ONE_BLOCK, "input_bits": 5},
+        "1-block recipe, 6-bit inputs": {**ONE_BLOCK, "input_bits": 6},
+        "1-block recipe, 5-bit weights/inputs": {**ONE_BLOCK, "weight_bits": 5, "input_bits": 5},
     },
     "imdb-lm": {
         "6-bit weights/inputs": {"weight_bits": 6, "input_bits": 6},
@@ -206,24 +210,26 @@ def markdown(summary: list[dict], load: str, command: str, cost_seed: int) -> li
     return lines
 
 
-def _matching(candidates: dict, name: str | None) -> list[str]:
-    """The candidate called ``name``, else those whose name contains it (all for None)."""
-    if name in candidates:
+def _matching(names: dict, name: str | None) -> list[str]:
+    """The key called ``name``, else those that contain it (all for None)."""
+    if name in names:
         return [name]
-    return [c for c in candidates if name is None or name in c]
+    return [c for c in names if name is None or name in c]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
-    parser.add_argument("--only", default=None, help="shapes whose name contains this")
+    parser.add_argument(
+        "--only", default=None, help="the shape of this name, else those whose name contains it"
+    )
     parser.add_argument(
         "--candidate", default=None, help="the candidate of this name, else those containing it"
     )
     parser.add_argument("--data-dir", default=None, help="IMDB folder (default ../shared/data)")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    shapes = [s for s in SHAPES if args.only is None or args.only in s]
+    shapes = _matching(SHAPES, args.only)
     if not shapes:
         parser.error(f"no shape matches --only; shapes: {', '.join(SHAPES)}")
     load = f"{os.getloadavg()[0]:.2f}"

@@ -294,7 +294,8 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     knows which options were typed); without ``given``, the fields that differ from their
     defaults keep their values. A model with more blocks or segments than the recipe was tuned on,
     or a causal one, gets the recipe's options for that shape where it has them
-    (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths)."""
+    (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths, and the
+    Inhibitor's means for a causal model)."""
     if req.recipe is None:
         return req
     from fhe.api.recipes import BEYOND_SHAPE, recipe_for
@@ -313,8 +314,8 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     causal = out.causal and not recipe.get("causal", False)
     longer = out.seq_len is not None and out.seq_len > recipe.get("seq_len", out.seq_len)
     for wider, extra in (
-        (deeper, beyond.blocks),
         (causal, beyond.causal),
+        (deeper, beyond.blocks),
         (longer, beyond.segments),
     ):
         if wider:
