@@ -99,12 +99,12 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
 # cost the integer program 2-6 points against the float model (benchmarks/results/text_widths.md,
 # seeds 0-2). Wider ones there: more blocks, 5-bit weights and inputs and Q/K/V of 4 bits read by
 # 5-bit lookups (within a point on 3 seeds of 3, ~2x the estimated latency); more segments, the same
-# with 6-bit weights and inputs (the 5-bit ones missed on 2 seeds of 3). A causal mask: the sums as
-# means (`causal_mean`) and the 1-block widths with 6-bit inputs (within a point on 2 seeds of 3, mean
-# gap 0.77, program 82.62%, est. 44 s, 1.69 GiB; the sums at 5-bit widths: 1 of 3, 1.43, 81.03%,
-# 67 s). `with_recipe` applies each that the model goes beyond, in the order causal, deeper, longer
-# (the later win: a deeper causal model keeps the means and takes the 2-block widths), except the
-# options given.
+# with 6-bit weights and inputs (the 5-bit ones missed on 2 seeds of 3). A causal mask: the sums
+# as means (`causal_mean`) and the 1-block widths with 6-bit inputs (within a point on 2 seeds of
+# 3, mean gap 0.77, program 82.62%, est. 44 s, 1.69 GiB; the sums at 5-bit widths: 1 of 3, 1.43,
+# 81.03%, 67 s). `with_recipe` applies each that the model goes beyond, in the order causal,
+# deeper, longer (the later win: a deeper causal model keeps the means and takes the 2-block
+# widths), except the options given.
 _WIDE_TEXT_ATTENTION = {"inhibitor_positive_v": True, "attention_bits": 4, "attention_lut_bits": 5}
 _FIVE_BIT_TEXT = dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5})
 
