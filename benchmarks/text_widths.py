@@ -4,11 +4,11 @@
     python benchmarks/text_widths.py --only imdb-L2 --seeds 0   # replaces those cells only
     python benchmarks/text_widths.py --only causal --candidate '5-bit Q/K/V'
 
-For each shape (2 blocks at T = 16, 1 block at T = 32, 1 causal block at T = 16, the first 32 words
-padded, the next-word model; the causal ones also with the Inhibitor's means, ``--causal-mean``)
-and each candidate quantization, a model is trained per seed with
-``fhe train --task <task> --recipe tfhe`` and the candidate as ``--qat-quant`` (the float model,
-then 3 epochs of QAT through the integer program).
+For each shape (1 block at T = 16, the recipe's own; 2 blocks at T = 16; 1 block at T = 32; 1
+causal block at T = 16; the first 32 words padded; the next-word model; the causal ones also with
+the Inhibitor's means, ``--causal-mean``) and each candidate quantization, a model is trained per
+seed with ``fhe train --task <task> --recipe tfhe`` and the candidate as ``--qat-quant`` (the float
+model, then 3 epochs of QAT through the integer program).
 The float model as trained (before QAT) and the integer program are scored on the whole test split;
 the gap is their difference, per seed. The cost columns are the first seed's compiled circuit (no
 keys made): PBS count, the compiler's latency estimate and the evaluation keys' size.
@@ -87,6 +87,7 @@ class Shape:
 
 
 SHAPES = {
+    "imdb-L1-T16": Shape("imdb", 1, 16),  # the shape the 1-block recipe was tuned on
     "imdb-L2-T16": Shape("imdb", 2, 16),
     "imdb-L1-T32": Shape("imdb", 1, 32),
     "imdb-L1-T16-causal": Shape("imdb", 1, 16, causal=True),
