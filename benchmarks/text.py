@@ -78,7 +78,7 @@ FULL = [
     Row("ckks", "power-softmax", 1, 64, 3),
     Row("ckks", "power-softmax", 1, 128, 2),
     # PowerSoftmax paper Eq. 11's causal mask: segment i reads segments j <= i (TFHE: the
-    # recipe's means for a causal model, --causal-mean, fhe.api.recipes.BEYOND_SHAPE)
+    # recipe's means for a causal model, --inhibitor-mean, fhe.api.recipes.BEYOND_SHAPE)
     Row("tfhe", "inhibitor", 1, 16, 10, {"causal": True}),
     Row("ckks", "power-softmax", 1, 16, 10, {"causal": True}),
     Row("ckks", "dot-product", 1, 16, 5, {"causal": True}),  # exp polynomial, mask: one product

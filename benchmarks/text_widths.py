@@ -5,10 +5,10 @@
     python benchmarks/text_widths.py --only causal --candidate '5-bit Q/K/V'
 
 For each shape (1 block at T = 16, the recipe's own; 2 blocks at T = 16; 1 block at T = 32; 1
-causal block at T = 16; the first 32 words padded; the next-word model; the causal ones also with
-the Inhibitor's means, ``--causal-mean``) and each candidate quantization, a model is trained per
-seed with ``fhe train --task <task> --recipe tfhe`` and the candidate as ``--qat-quant`` (the float
-model, then 3 epochs of QAT through the integer program).
+causal block at T = 16; the first 32 words padded; the next-word model; ``-mean``: with the
+Inhibitor's sums as means, ``--inhibitor-mean``) and each candidate quantization, a model is
+trained per seed with ``fhe train --task <task> --recipe tfhe`` and the candidate as
+``--qat-quant`` (the float model, then 3 epochs of QAT through the integer program).
 The float model as trained (before QAT) and the integer program are scored on the whole test split;
 the gap is their difference, per seed. The cost columns are the first seed's compiled circuit (no
 keys made): PBS count, the compiler's latency estimate and the evaluation keys' size.
@@ -60,6 +60,38 @@ CANDIDATES = {
         "1-block recipe, 5-bit inputs": {**ONE_BLOCK, "input_bits": 5},
         "1-block recipe, 6-bit inputs": {**ONE_BLOCK, "input_bits": 6},
         "1-block recipe, 5-bit weights/inputs": {**ONE_BLOCK, "weight_bits": 5, "input_bits": 5},
+        # V alone at 4 bits (Q/K at 3), read by 6-bit lookups: a wider V widens the (v − z)⁺
+        # lookups, not the |q − k| ones
+        "1-block recipe, 4-bit V": {**ONE_BLOCK, "value_bits": 4, "attention_lut_bits": 6},
+        "1-block recipe, 6-bit inputs, 4-bit V": {
+            **ONE_BLOCK,
+            "input_bits": 6,
+            "value_bits": 4,
+            "attention_lut_bits": 6,
+        },
+        "1-block recipe, 6-bit inputs, 4-bit V, 5-bit weights": {
+            **ONE_BLOCK,
+            "input_bits": 6,
+            "weight_bits": 5,
+            "value_bits": 4,
+            "attention_lut_bits": 6,
+        },
+        "1-block recipe, 6-bit inputs, 4-bit Q/K/V": {
+            **ONE_BLOCK,
+            "input_bits": 6,
+            "attention_bits": 4,
+            "attention_lut_bits": 6,
+        },
+        "1-block recipe, 4-bit V, 5-bit lookups": {
+            **ONE_BLOCK,
+            "value_bits": 4,
+            "attention_lut_bits": 5,
+        },
+        "4-bit Q/K/V read by 6-bit lookups": {
+            **ONE_BLOCK,
+            "attention_bits": 4,
+            "attention_lut_bits": 6,
+        },
     },
     "imdb-lm": {
         "6-bit weights/inputs": {"weight_bits": 6, "input_bits": 6},
@@ -83,18 +115,22 @@ class Shape:
     seq_len: int
     causal: bool = False  # PowerSoftmax paper Eq. 11's mask (imdb-lm: always)
     padded: bool = False  # the first seq_len words, padded, the key mask encrypted (no segments)
-    causal_mean: bool = False  # the causal Inhibitor's sums as means (``--causal-mean``)
+    mean: bool = False  # the Inhibitor's sums as means (``--inhibitor-mean``)
 
 
 SHAPES = {
     "imdb-L1-T16": Shape("imdb", 1, 16),  # the shape the 1-block recipe was tuned on
+    "imdb-L1-T16-mean": Shape("imdb", 1, 16, mean=True),  # the same with means: the recipe's
     "imdb-L2-T16": Shape("imdb", 2, 16),
+    "imdb-L2-T16-mean": Shape("imdb", 2, 16, mean=True),
     "imdb-L1-T32": Shape("imdb", 1, 32),
+    "imdb-L1-T32-mean": Shape("imdb", 1, 32, mean=True),
     "imdb-L1-T16-causal": Shape("imdb", 1, 16, causal=True),
-    "imdb-L1-T16-causal-mean": Shape("imdb", 1, 16, causal=True, causal_mean=True),
+    "imdb-L1-T16-causal-mean": Shape("imdb", 1, 16, causal=True, mean=True),
     "imdb-L1-T32-padded": Shape("imdb", 1, 32, padded=True),
+    "imdb-L1-T32-padded-mean": Shape("imdb", 1, 32, padded=True, mean=True),
     "imdb-lm-L1-T16": Shape("imdb-lm", 1, 16, causal=True),
-    "imdb-lm-L1-T16-mean": Shape("imdb-lm", 1, 16, causal=True, causal_mean=True),
+    "imdb-lm-L1-T16-mean": Shape("imdb-lm", 1, 16, causal=True, mean=True),
 }
 
 
@@ -112,13 +148,13 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
         layers=s.layers,
         seq_len=s.seq_len,
         causal=s.causal,
-        causal_mean=s.causal_mean,
+        inhibitor_mean=s.mean,
         words=None,  # kept only where padded (given), else the recipe's
         seed=seed,
         qat_quant=quant,
         data_dir=Path(data_dir) if data_dir else None,
     )
-    given = {"layers", "seq_len", "seed", "qat_quant", "causal_mean"}
+    given = {"layers", "seq_len", "seed", "qat_quant", "inhibitor_mean"}
     given |= {"words"} if s.padded else set()
     req = api.with_recipe(req, given=frozenset(given))
     start = time.perf_counter()

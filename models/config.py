@@ -65,15 +65,19 @@ class PowerForm(str, Enum):
 
 
 def causal_mean_factors(T: int) -> tuple[np.ndarray, int]:
-    """Under ``causal_mean``, query i's sums are scaled by m_i / n: n = 4·2^⌈log2 T⌉ and m_i =
-    round(n / (i + 1)) (>= 4), within 12% of the mean's 1 / (i + 1). An integer over a power of
-    two, so the integer program multiplies by the clear integer m_i and its scale absorbs n."""
+    """Under ``inhibitor_mean`` with the causal mask, query i's sums are scaled by m_i / n:
+    n = 4·2^⌈log2 T⌉ and m_i = round(n / (i + 1)) (>= 4), within 12% of the mean's 1 / (i + 1).
+    An integer over a power of two, so the integer program multiplies by the clear integer m_i
+    and its scale absorbs n."""
     n = 4 << max(0, (T - 1).bit_length())
     return np.floor(n / np.arange(1, T + 1) + 0.5).astype(np.int64), n
 
 
-def causal_mean_scale(T: int) -> np.ndarray:
-    """(T,): m_i / n of :func:`causal_mean_factors`, query i's scale under ``causal_mean``."""
+def inhibitor_mean_scale(T: int, causal: bool) -> np.ndarray:
+    """(T,): query i's scale under ``inhibitor_mean``: m_i / n of :func:`causal_mean_factors` with
+    the causal mask, 1 / T without (every query sums T keys)."""
+    if not causal:
+        return np.full(T, 1.0 / T)
     m, n = causal_mean_factors(T)
     return m / n
 
@@ -108,9 +112,12 @@ class TransformerConfig:
     mask (:data:`MASKED_KINDS`), so a padded sequence gives the logits of the unpadded one; an
     embedded input (the client's vectors of such a model) carries the mask as its last column.
     ``causal``: query i attends keys j <= i only.
-    ``causal_mean`` (causal Inhibitor kinds): query i's sums over its i + 1 kept keys (Eqs. 6-7)
-    become means, scaled by a public constant per position (:func:`causal_mean_factors`), so that
-    the first positions' sums, over few keys, are not on another scale than the last ones'.
+    ``inhibitor_mean`` (Inhibitor kinds): each query's sums over keys (Eqs. 6-7) become means,
+    scaled by a public constant (:func:`inhibitor_mean_scale`): 1 / T, or with the causal mask
+    about 1 / (i + 1) for query i, so that the first positions' sums, over few keys, are not on
+    another scale than the last ones'. The model computes the same function as with sums (the
+    output projection could absorb 1 / T), but it trains to other weights, which the integer
+    program follows more closely (benchmarks/results/text_widths.md).
     ``pooling``: ``mean`` (a sequence classifier) or ``last`` (the last word's output, a next-word
     model; token inputs that mask their padding, no ``words``).
     ``words`` (token inputs): the model reads this many words and mean-pools them into ``seq_len``
@@ -141,7 +148,7 @@ class TransformerConfig:
     tie_qk: bool = False
     mask_padding: bool = True  # token inputs: no query attends a padding key (and pooling skips it)
     causal: bool = False  # query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask)
-    causal_mean: bool = False  # causal Inhibitor: each query's sums as means over its kept keys
+    inhibitor_mean: bool = False  # Inhibitor: each query's sums over keys as means
     words: int | None = None  # token inputs: words read, pooled into seq_len segments
     pooling: Pooling = Pooling.MEAN
 
@@ -176,11 +183,10 @@ class TransformerConfig:
                 f"causal attention is an option of {', '.join(k.value for k in MASKED_KINDS)}, "
                 f"not of {self.attention.value}"
             )
-        if self.causal_mean and not (self.causal and self.attention in INHIBITOR_KINDS):
+        if self.inhibitor_mean and self.attention not in INHIBITOR_KINDS:
             raise ValueError(
-                "causal_mean is an option of causal Inhibitor attention (the other kinds "
-                f"normalise their rows already), not of {'causal ' if self.causal else ''}"
-                f"{self.attention.value}" + ("" if self.causal else " without causal")
+                "inhibitor_mean is an option of Inhibitor attention (the other kinds normalise "
+                f"their rows already), not of {self.attention.value}"
             )
         if self.words is not None and (
             self.input_kind is not InputKind.TOKENS or self.words < self.seq_len
@@ -240,7 +246,11 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> TransformerConfig:
-        # model files written before masks existed attended to padding: they keep doing so
+        # model files written before masks existed attended to padding: they keep doing so;
+        # "causal_mean" is inhibitor_mean's first name (it had the causal mask only)
+        data = dict(data)
+        if "causal_mean" in data:
+            data["inhibitor_mean"] = data.pop("causal_mean")
         return dataclass_from_dict(cls, {"mask_padding": False, **data})
 
 

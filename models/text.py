@@ -229,7 +229,10 @@ def join_text_model(model, program_model):
     def front(key: str) -> bool:
         return key.startswith(("embed.", "pos"))
 
-    joined = Transformer(model.config.replace(norm=program_model.config.norm))  # QAT folds norms
+    folded = program_model.config  # QAT folds norms and means (models.fold.fold_norms)
+    joined = Transformer(
+        model.config.replace(norm=folded.norm, inhibitor_mean=folded.inhibitor_mean)
+    )
     state = {k: v for k, v in model.state_dict().items() if front(k)}
     state.update({k: v for k, v in program_model.state_dict().items() if not front(k)})
     joined.load_state_dict(state)

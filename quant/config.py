@@ -18,6 +18,7 @@ DEFAULT_CALIB_SAMPLES = 2000
 # the requantisation points that feed attention: Q, K (shared for the Inhibitor) and V of every
 # block
 ATTENTION_POINT = re.compile(r"^block\d+\.mix\.(q|k|v|qk)(\.out)?$")
+VALUE_POINT = re.compile(r"^block\d+\.mix\.v(\.out)?$")  # V's alone, of every block
 
 
 class Granularity(str, Enum):
@@ -43,9 +44,12 @@ class QuantConfig:
     that it reads at most this many bits (chosen per lookup from its calibrated range; TFHE's PBS
     cost grows steeply with this width). ``attention_bits`` (default ``n_bits``): the Q, K and V
     requantisations, which set the width of every attention lookup (|q − k|, (v − z)⁺, ...): the
-    T²-sized part of the circuit. ``round_attention``: the attention's exact lookups (|q − k| and
-    (v − z)⁺, whose inputs are one bit wider than Q/K/V) are rounded to ``lut_bits`` like every
-    other lookup, dropping that bit instead of paying for a wider PBS. ``bits_overrides``:
+    T²-sized part of the circuit. ``value_bits`` (default ``attention_bits``): V's requantisation
+    alone. The Inhibitor's T²·d lookups (v − z)⁺ read V and Z, its |q − k| lookups Q and K, so a
+    wider V widens only the former (candidates in benchmarks/results/text_widths.md).
+    ``round_attention``: the attention's exact lookups (|q − k| and (v − z)⁺, whose inputs are one
+    bit wider than Q/K/V) are rounded to ``lut_bits`` like every other lookup, dropping that bit
+    instead of paying for a wider PBS. ``bits_overrides``:
     per-requantisation-point n_bits, keyed by point name prefix (e.g. ``{"block0.attn": 8}``).
     ``client_pooling``: the program outputs the head per token and the client sums them (mean
     pooling and the head are linear): a narrower encrypted output, on cheaper parameters.
@@ -73,6 +77,7 @@ class QuantConfig:
     lut_bits: int | None = None
     bits_overrides: tuple[tuple[str, int], ...] = ()
     attention_bits: int | None = None
+    value_bits: int | None = None
     round_attention: bool = False
     client_pooling: bool = False
     fold_last_residual: bool = False
@@ -87,7 +92,7 @@ class QuantConfig:
             object.__setattr__(
                 self, "bits_overrides", tuple(tuple(kv) for kv in self.bits_overrides)
             )
-        for name in ("n_bits", "weight_bits", "input_bits", "attention_bits"):
+        for name in ("n_bits", "weight_bits", "input_bits", "attention_bits", "value_bits"):
             v = getattr(self, name)
             if v is not None and not 2 <= v <= 16:
                 raise ValueError(f"QuantConfig.{name} must be in [2, 16], got {v}")
@@ -114,6 +119,8 @@ class QuantConfig:
         for prefix, bits in self.bits_overrides:
             if point.startswith(prefix):
                 return bits
+        if self.value_bits is not None and VALUE_POINT.match(point):
+            return self.value_bits
         if self.attention_bits is not None and ATTENTION_POINT.match(point):
             return self.attention_bits
         return self.n_bits

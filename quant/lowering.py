@@ -258,6 +258,11 @@ class Lowering:
         self.record(name, fake)
         return self._out(node, x.scale, fake)
 
+    def rescaled(self, x: QValue, factor: float) -> QValue:
+        """x times a public constant, free: the same integers read on a scale ``factor`` times
+        the old one (no node)."""
+        return self._out(x.node, _mul_scale(x.scale, factor), x.fake * factor)
+
     def mul_const(self, x: QValue, m: int, name: str, tag: str) -> QValue:
         """x · m for a clear integer m: the same values on a grid m times finer (leveled)."""
         node = self.graph.add(name, "mul_const", (x.node,), tag=tag, value=np.int64(m))

@@ -224,11 +224,17 @@ def test_a_text_recipe_widens_its_quantization_beyond_the_shape_it_was_tuned_on(
     assert quant(causal=True) == causal
     assert quant(causal=True, layers=2) == blocks  # the deeper shape's widths win
     assert quant(causal=True, seq_len=32) == segments
-    means = api.with_recipe(api.TrainRequest(task="imdb", recipe="tfhe", causal=True, layers=2))
-    assert means.causal_mean  # a causal model's means, whatever its widths
-    assert not api.with_recipe(api.TrainRequest(task="imdb", recipe="tfhe")).causal_mean
-    other = api.TrainRequest(task="imdb", recipe="tfhe", causal=True, attention="dot-product")
-    assert not api.with_recipe(other).causal_mean  # an Inhibitor option: not for dot-product
+
+    def means(**fields) -> bool:
+        return api.with_recipe(
+            api.TrainRequest(task="imdb", recipe="tfhe", **fields)
+        ).inhibitor_mean
+
+    assert means() and means(causal=True) and means(seq_len=32)  # the recipe's, and its widths'
+    assert not means(layers=2)  # 2 blocks: the sums did better (the sweep, below)
+    assert not means(causal=True, layers=2)  # the deeper shape's options win
+    assert not means(causal=True, attention="dot-product")  # an Inhibitor option
+    assert not means(attention="dot-product")
     assert quant(layers=2, qat_quant={"weight_bits": 6}) == {"weight_bits": 6}
     given = frozenset({"layers", "qat_quant"})  # the CLI's path: typed options named
     typed = api.TrainRequest(task="imdb", recipe="tfhe", layers=2, qat_quant={"lut_bits": 6})
@@ -238,35 +244,36 @@ def test_a_text_recipe_widens_its_quantization_beyond_the_shape_it_was_tuned_on(
 
 
 def test_the_text_recipes_wider_widths_are_the_ones_the_width_sweep_found_best():
-    """The widths BEYOND_SHAPE names for a shape (and, for a causal one, whether the Inhibitor
-    sums or means) are the candidate that benchmarks/text_widths.py measured within a point of
-    float on the most seeds, among those whose keys fit the text issue's 2 GB: the recipe and its
-    evidence are two places, and this keeps them from drifting apart (rerun the sweep before
-    changing one)."""
+    """The widths the recipe takes for a shape, its own or BEYOND_SHAPE's (and whether the
+    Inhibitor sums or means), are the candidate that benchmarks/text_widths.py measured within a
+    point of float on the most seeds, among those whose keys fit the text issue's 2 GB: the recipe
+    and its evidence are two places, and this keeps them from drifting apart (rerun the sweep
+    before changing one)."""
     from pathlib import Path
 
-    from fhe.api.recipes import BEYOND_SHAPE, Recipe
+    from fhe import api
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "text_widths.json"
     saved = json.loads(results.read_text())
     widths = {(r["shape"], r["candidate"]): r["qat_quant"] for r in saved["rows"]}
-    beyond = BEYOND_SHAPE["imdb", Recipe.TFHE]
-    chosen = {  # a causal model: the sums or the means (the recipe's), whichever does best
-        ("imdb-L2-T16",): beyond.blocks,
-        ("imdb-L1-T32",): beyond.segments,
-        ("imdb-L1-T16-causal", "imdb-L1-T16-causal-mean"): beyond.causal,
+    chosen = {  # each shape: the sums or the means, whichever does best
+        ("imdb-L1-T16", "imdb-L1-T16-mean"): {},
+        ("imdb-L2-T16", "imdb-L2-T16-mean"): {"layers": 2},
+        ("imdb-L1-T32", "imdb-L1-T32-mean"): {"seq_len": 32},
+        ("imdb-L1-T16-causal", "imdb-L1-T16-causal-mean"): {"causal": True},
     }
     fitting = [s for s in saved["summary"] if s["eval_keys_bytes"] <= 2e9]  # seed 0's circuit
-    for shapes, options in chosen.items():
+    for shapes, fields in chosen.items():
         best = max(  # the most seeds within a point, then the smallest mean gap
             (s for s in fitting if s["shape"] in shapes),
             key=lambda s: (s["within_1_point"], -s["gap_mean"]),
         )
-        one_block = next(
+        one_block = next(  # the 1-block widths, V⁺ alone, summing: the recipe before
             s
             for s in saved["summary"]
             if (s["shape"], s["candidate"]) == (shapes[0], "1-block recipe")
         )
         assert best["gap_mean"] < one_block["gap_mean"], shapes
-        assert widths[best["shape"], best["candidate"]] == options["qat_quant"], shapes
-        assert options.get("causal_mean", False) == best["shape"].endswith("-mean"), shapes
+        options = api.with_recipe(api.TrainRequest(task="imdb", recipe="tfhe", **fields))
+        assert widths[best["shape"], best["candidate"]] == options.qat_quant, shapes
+        assert options.inhibitor_mean == best["shape"].endswith("-mean"), shapes

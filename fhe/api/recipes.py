@@ -79,10 +79,21 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     ("digits", Recipe.CKKS_DEEP): dict(**POLYNOMIAL_GELU, d_model=16, heads=2, layers=2, epochs=40),
     # text (docs/text.md, benchmarks/results/text.md)
     # V⁺ into the Inhibitor's ReLU lookups (quant.QuantConfig.inhibitor_positive_v): one review
-    # 71.3 → 63.6 s in one-off runs, for 22% more keys (d_ff = 8 besides: 52.0 s, but its program
-    # lost 0.9 points on this seed, 0.16 on the mean of seeds 0-2: 78.98% against 79.14%)
+    # 71.3 → 63.6 s in one-off runs, for 22% more keys. The sums as means (inhibitor_mean, folded
+    # into the output projection for the program) with 6-bit inputs and a 4-bit V read by 6-bit
+    # lookups: the width sweep's best (benchmarks/results/text_widths.md, shape imdb-L1-T16-mean:
+    # within a point on 2 seeds of 3, mean gap 1.09, program 81.78%, est. 56 s, 1.65 GiB); the
+    # sums at the widths before, V⁺ alone: 0 of 3, 4.71, 77.30%, 38 s
     ("imdb", Recipe.TFHE): dict(
-        **TEXT_FRONT_END, **TFHE_TEXT, qat_quant={"inhibitor_positive_v": True}
+        **TEXT_FRONT_END,
+        **TFHE_TEXT,
+        inhibitor_mean=True,
+        qat_quant={
+            "inhibitor_positive_v": True,
+            "input_bits": 6,
+            "value_bits": 4,
+            "attention_lut_bits": 6,
+        },
     ),
     ("imdb", Recipe.CKKS): dict(**TEXT_FRONT_END, **SHALLOW_POLYNOMIAL, heads=2),
     # 6-bit weights and inputs (the TFHE defaults' are 4): in one-off trials the integer program
@@ -96,15 +107,15 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
 
 
 # Beyond the shape a text recipe was tuned on (one block of 16 segments, no causal mask), its widths
-# cost the integer program 2-6 points against the float model (benchmarks/results/text_widths.md,
-# seeds 0-2). Wider ones there: more blocks, 5-bit weights and inputs and Q/K/V of 4 bits read by
-# 5-bit lookups (within a point on 3 seeds of 3, ~2x the estimated latency); more segments, the same
-# with 6-bit weights and inputs (the 5-bit ones missed on 2 seeds of 3). A causal mask: the sums
-# as means (`causal_mean`) and the 1-block widths with 6-bit inputs (within a point on 2 seeds of
-# 3, mean gap 0.77, program 82.62%, est. 44 s, 1.69 GiB; the sums at 5-bit widths: 1 of 3, 1.43,
-# 81.03%, 67 s). `with_recipe` applies each that the model goes beyond, in the order causal,
-# deeper, longer (the later win: a deeper causal model keeps the means and takes the 2-block
-# widths), except the options given.
+# cost the integer program more against the float model (benchmarks/results/text_widths.md, seeds
+# 0-2, each shape with the sums and with the means). Wider ones there: more blocks, the sums with
+# 5-bit weights and inputs and Q/K/V of 4 bits read by 5-bit lookups (within a point on 3 seeds of
+# 3, mean gap 0.85; the means 2 of 3, 0.89); more segments, the means with 6-bit weights and
+# inputs (2 of 3, 0.89, program 82.23%; the sums 2 of 3, 1.15, 81.19%). A causal mask: the means
+# with the 1-block widths and 6-bit inputs (2 of 3, 0.77, program 82.62%, est. 44 s, 1.69 GiB; the
+# sums at 5-bit widths: 1 of 3, 1.43, 81.03%, 67 s). `with_recipe` applies each that the model
+# goes beyond, in the order causal, deeper, longer (the later win: a deeper causal model takes the
+# 2-block sums and widths), except the options given.
 _WIDE_TEXT_ATTENTION = {"inhibitor_positive_v": True, "attention_bits": 4, "attention_lut_bits": 5}
 _FIVE_BIT_TEXT = dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5})
 
@@ -121,9 +132,12 @@ class BeyondShape:
 
 BEYOND_SHAPE: dict[tuple[str, Recipe], BeyondShape] = {
     ("imdb", Recipe.TFHE): BeyondShape(
-        blocks=_FIVE_BIT_TEXT,
-        causal=dict(causal_mean=True, qat_quant={"inhibitor_positive_v": True, "input_bits": 6}),
-        segments=dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 6, "input_bits": 6}),
+        blocks=dict(**_FIVE_BIT_TEXT, inhibitor_mean=False),
+        causal=dict(inhibitor_mean=True, qat_quant={"inhibitor_positive_v": True, "input_bits": 6}),
+        segments=dict(
+            inhibitor_mean=True,
+            qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 6, "input_bits": 6},
+        ),
     ),
 }
 

@@ -104,11 +104,12 @@ class TrainRequest:
         "Query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask; dot-product, "
         "Inhibitor kinds, PowerSoftmax). Always on for imdb-lm (next-word prediction).",
     )
-    causal_mean: bool = option_field(
+    inhibitor_mean: bool = option_field(
         False,
-        "Causal Inhibitor: each query's sums over its i + 1 keys become means (times a public "
-        "constant per position, ~1/(i + 1)). Under TFHE a clear product (a wider sum: more PBS "
-        "after it); under CKKS folded into the output projection (no level).",
+        "Inhibitor: each query's sums over keys become means (times a public constant: 1/T, or "
+        "~1/(i + 1) with --causal). The same function, trained to weights that quantize better. "
+        "Under TFHE free without --causal, a clear product with it (a wider sum: more PBS after "
+        "it); under CKKS folded into the output projection (no level).",
         pair=True,
     )
     epochs: int | None = option_field(
@@ -295,7 +296,7 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     defaults keep their values. A model with more blocks or segments than the recipe was tuned on,
     or a causal one, gets the recipe's options for that shape where it has them
     (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths, and the
-    Inhibitor's means for a causal model)."""
+    Inhibitor's sums or means, whichever its sweep found better there)."""
     if req.recipe is None:
         return req
     from fhe.api.recipes import BEYOND_SHAPE, recipe_for
@@ -320,8 +321,12 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     ):
         if wider:
             out = dataclasses.replace(out, **{k: v for k, v in extra.items() if k not in given})
-    if out.causal_mean and "causal_mean" not in given and out.attention not in INHIBITOR_KINDS:
-        out = dataclasses.replace(out, causal_mean=False)  # an Inhibitor option; --attention won
+    if (
+        out.inhibitor_mean
+        and "inhibitor_mean" not in given
+        and out.attention not in INHIBITOR_KINDS
+    ):
+        out = dataclasses.replace(out, inhibitor_mean=False)  # an Inhibitor option: --attention won
     return out
 
 
@@ -457,7 +462,7 @@ def _training_setup(req: TrainRequest):
             tie_qk=req.tie_qk,
             mask_padding=req.mask_padding,
             causal=req.causal or data.pooling is Pooling.LAST,  # next-word: reads left to right
-            causal_mean=req.causal_mean,
+            inhibitor_mean=req.inhibitor_mean,
             n_layers=req.layers or preset.n_layers,
             norm=req.norm,
             ffn_activation=req.ffn_activation,

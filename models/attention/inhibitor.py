@@ -10,7 +10,7 @@ from torch import Tensor
 from models.attention import functional as AF
 from models.attention.base import MultiHeadAttention
 from models.attention.registry import register_attention
-from models.config import AttentionKind, TransformerConfig, causal_mean_scale
+from models.config import AttentionKind, TransformerConfig, inhibitor_mean_scale
 
 
 @register_attention(AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR)
@@ -21,14 +21,15 @@ class InhibitorAttention(MultiHeadAttention):
     Eq. (6): H_ik = Σ_j (V_jk − Z'_ij)⁺; signed variant Eq. (7).
     By default the forward pass uses the memory-saving form of Eqs. (8)-(10) (fused pairwise L1
     distances, no (T, T, d) tensor); ``memory_efficient=False`` uses the broadcast form.
-    ``causal_mean`` (with the causal mask): query i's sums over its i + 1 keys are scaled by
-    m_i / n ≈ 1 / (i + 1) (:func:`models.config.causal_mean_factors`), means instead of sums.
+    ``inhibitor_mean``: each query's sums are scaled to means, by 1 / T, or with the causal mask
+    by m_i / n ≈ 1 / (i + 1) for query i over its i + 1 keys
+    (:func:`models.config.inhibitor_mean_scale`).
 
     FHE note: only additions, |x| and ReLU: under TFHE each |·| and (·)⁺ is one PBS and there is no
     ciphertext×ciphertext product, so the circuit needs about half the PBS of dot-product attention.
     """
 
-    row_scale: Tensor | None  # (T, 1) under causal_mean (a buffer, not saved: the config says it)
+    row_scale: Tensor | None  # (T, 1) under inhibitor_mean (a buffer, not saved: config says it)
 
     def __init__(self, config: TransformerConfig, memory_efficient: bool = True) -> None:
         super().__init__(config)
@@ -36,7 +37,9 @@ class InhibitorAttention(MultiHeadAttention):
         self.alpha = config.inhibitor_alpha
         self.gamma = config.inhibitor_gamma or math.sqrt(config.d_head)
         self.memory_efficient = memory_efficient
-        scale = causal_mean_scale(config.seq_len) if config.causal_mean else None
+        scale = (
+            inhibitor_mean_scale(config.seq_len, config.causal) if config.inhibitor_mean else None
+        )
         self.register_buffer(
             "row_scale",
             None if scale is None else torch.from_numpy(scale)[:, None],  # (T, 1)

@@ -62,7 +62,7 @@ def sum_per_query(
     low: Lowering, x: QValue, T: int, name: str, tag: str, mean_len: int | None = None
 ) -> QValue:
     """(nh, P, d) -> (nh, T, d): Σ over each query's kept keys (j <= i); ``mean_len`` (the
-    model's seq_len, ``TransformerConfig.causal_mean``): times m_i / n ≈ 1 / (i + 1) of
+    model's seq_len, ``TransformerConfig.inhibitor_mean``): times m_i / n ≈ 1 / (i + 1) of
     :func:`models.config.causal_mean_factors`, the clear integers m_i in the same matrix and n in
     the scale (no lookup; a wider sum)."""
     rows = _pair_matrix(T, 0).T.copy()  # (T, P)

@@ -33,7 +33,7 @@ def lower(low: Lowering, mixer, h: QValue, name: str, cfg) -> tuple[QValue, torc
         heads.v_quantizer,
         f"{name}.attn",
         cfg.causal,
-        cfg.seq_len if cfg.causal_mean else None,
+        cfg.seq_len if cfg.inhibitor_mean else None,
     )
     return merge_heads(low, out, name), mixer.out_proj
 
@@ -58,9 +58,10 @@ def lower_inhibitor(
     lookups then read one bit less (3 instead of 4 at the TFHE defaults), on cheaper parameters.
     ``causal`` (PowerSoftmax paper Eq. 11's mask): the program works on the kept pairs j <= i only
     (:mod:`quant.mixers._causal`): its |·| and ReLU lookups skip the removed ones, and the sums
-    over j run per query; ``mean_len`` (the model's seq_len, ``causal_mean``): as means, each
+    over j run per query; ``mean_len`` (the model's seq_len, ``inhibitor_mean``): as means, each
     query's sum times the clear integer m_i over n (:func:`models.config.causal_mean_factors`),
-    no lookup (a wider sum for the next ones to round).
+    no lookup (a wider sum for the next ones to round); without the mask, the sum over the T keys
+    on a scale 1 / mean_len finer (free: the same integers).
     """
     tag_s, tag_h = f"{name}.scores", f"{name}.inhibit"
     rounding = low.config.round_attention  # round |q − k| and (v − z)⁺ to lut_bits too
@@ -99,7 +100,8 @@ def lower_inhibitor(
     def over_keys(x: QValue) -> QValue:  # Σ_j
         if causal:
             return _causal.sum_per_query(low, x, T, f"{name}.h", tag_h, mean_len)
-        return low.sum(x, -2, f"{name}.h", tag_h)
+        h = low.sum(x, -2, f"{name}.h", tag_h)
+        return h if mean_len is None else low.rescaled(h, 1.0 / mean_len)
 
     if not mixer.signed:
         t = low.sub(keys(v, "v"), z, f"{name}.vz", tag_h)  # V_jk − Z'_ij

@@ -57,12 +57,12 @@ def _programs(prog):
     ids=lambda v: {True: "mean", False: "sums"}.get(v, v) if not isinstance(v, str) else v,
 )
 def test_causal_polynomial_programs_equal_the_causal_float_model(kind, mean):
-    extra = {"causal_mean": True} if mean else {}  # the Inhibitor's sums as means
+    extra = {"inhibitor_mean": True} if mean else {}  # the Inhibitor's sums as means
     model = _model(True, kind, in_features=5, n_outputs=3, **extra)
     x = 3 * torch.rand(400, _len(kind), 5, dtype=torch.float64)
     prog = build_program(model, x[:360])
     want = float_inference_form(model, x[360:])
-    unmasked = Transformer(model.config.replace(causal=False, causal_mean=False)).double().eval()
+    unmasked = Transformer(model.config.replace(causal=False, inhibitor_mean=False)).double().eval()
     unmasked.load_state_dict(model.state_dict())
     reference = float_inference_form(unmasked, x[360:])
     gap = np.abs(want - reference).max()
@@ -74,6 +74,22 @@ def test_causal_polynomial_programs_equal_the_causal_float_model(kind, mean):
         got = run(x[360:].numpy())
         assert np.abs(got - want).max() < min(tol, gap / 2), name
         np.testing.assert_allclose(got, batch, atol=1e-9, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", INHIBITORS)
+def test_the_inhibitors_means_without_a_mask_fold_into_the_polynomial_programs(kind):
+    """``inhibitor_mean`` without the causal mask: 1 / T folded into the output projection
+    (models.fold.fold_means) before the program is built; batch and packed follow the float
+    means, not the sums of the same weights."""
+    model = _model(False, kind, in_features=5, n_outputs=3, inhibitor_mean=True)
+    sums = Transformer(model.config.replace(inhibitor_mean=False)).double().eval()
+    sums.load_state_dict(model.state_dict())
+    x = 3 * torch.rand(400, _len(kind), 5, dtype=torch.float64)
+    prog = build_program(model, x[:360])
+    want = float_inference_form(model, x[360:])
+    gap = np.abs(want - float_inference_form(sums, x[360:])).max()
+    for name, run in _programs(prog):
+        assert np.abs(run(x[360:].numpy()) - want).max() < gap / 4, name
 
 
 @pytest.mark.parametrize(

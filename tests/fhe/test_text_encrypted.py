@@ -96,20 +96,23 @@ def test_a_text_model_runs_encrypted_under_tfhe_from_a_text(corpus, tmp_path):
     assert res.exit_code == 0 and "sample 1: label 1, encrypted prediction" in res.output
 
 
-def test_a_causal_mean_text_model_runs_encrypted_under_tfhe(corpus, tmp_path):
-    """The imdb TFHE recipe's causal model: the Inhibitor's sums as means (`--causal-mean`, clear
-    integers m_i in the matrix that sums each query's pairs, n in the scale). Encrypted == clear
-    integer program (the program against the float means: tests/quant/test_causal.py)."""
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_an_inhibitor_mean_text_model_runs_encrypted_under_tfhe(corpus, tmp_path, causal):
+    """The imdb TFHE recipe's Inhibitor means (`--inhibitor-mean`). Causal: clear integers m_i in
+    the matrix that sums each query's pairs, n in the scale; full: 1 / T folded into the output
+    projection. Encrypted == clear integer program (the program against the float means:
+    tests/quant/test_causal.py, tests/quant/test_export.py)."""
     from fhe.deploy.client import Client
 
+    mask = ["--causal"] if causal else []
     model = _train(
-        corpus, tmp_path / "m.pt", "--attention", "inhibitor", "--tie-qk", "--causal",
-        "--causal-mean",
+        corpus, tmp_path / "m.pt", "--attention", "inhibitor", "--tie-qk", *mask,
+        "--inhibitor-mean",
     )  # fmt: skip
     res = _compile(model, corpus, tmp_path / "art", *SMALL_TFHE)
     assert "encrypted output equals the clear integer program: True" in res.output
     meta = Client(tmp_path / "art" / "client").meta
-    assert meta["model_config"]["causal_mean"] and meta["model_config"]["causal"]
+    assert meta["model_config"]["inhibitor_mean"] and meta["model_config"]["causal"] == causal
 
 
 @pytest.mark.isolated

@@ -45,3 +45,29 @@ def test_folded_model_equals_the_batchnorm_model(kind):
 def test_models_without_batchnorm_are_returned_as_they_are():
     model = Transformer(TransformerConfig(seq_len=4, in_features=6, n_outputs=3, norm="none"))
     assert fold_norms(model) is model
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["inhibitor", "signed-inhibitor"])
+def test_the_inhibitors_means_fold_into_its_output_projection(signed):
+    kind = AttentionKind.SIGNED_INHIBITOR if signed else AttentionKind.INHIBITOR
+    cfg = TransformerConfig(
+        seq_len=4,
+        in_features=6,
+        n_outputs=3,
+        attention=kind,
+        n_layers=2,
+        norm="none",
+        inhibitor_mean=True,
+    )
+    model = Transformer(cfg).double().eval()
+    folded = fold_norms(model)
+    assert not folded.config.inhibitor_mean
+    sums = Transformer(cfg.replace(inhibitor_mean=False)).double().eval()
+    sums.load_state_dict(model.state_dict())  # the same weights, summing: another function
+    x = torch.randn(9, 4, 6, dtype=torch.float64)
+    with torch.no_grad():
+        want = model(x)
+        torch.testing.assert_close(folded.double()(x), want, rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(sums(x), want, atol=1e-3)
+    causal = Transformer(cfg.replace(causal=True))  # one factor per query: kept
+    assert fold_norms(causal) is causal

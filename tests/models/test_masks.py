@@ -136,28 +136,43 @@ def test_causal_is_refused_where_it_has_no_meaning_and_lowers_everywhere_else():
 @pytest.mark.parametrize("signed", [False, True], ids=["inhibitor", "signed-inhibitor"])
 def test_a_causal_mean_inhibitor_scales_each_querys_sums_eq_6_7_by_its_public_constant(signed):
     kind = AttentionKind.SIGNED_INHIBITOR if signed else AttentionKind.INHIBITOR
-    mixer = _model(kind, causal=True, causal_mean=True).blocks[0].mixer
+    mixer = _model(kind, causal=True, inhibitor_mean=True).blocks[0].mixer
     q, k, v = _qkv(2)  # (2, 2, T, 3), T = 7 <= seq_len 12
     got = mixer.attend(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())
     want = torch.zeros_like(v)
     for i in range(T):
-        for j in range(i + 1):  # Eqs. (6)-(7), written out, over the keys j <= i
-            z = torch.relu(
-                (q[..., i, :] - k[..., j, :]).abs().sum(-1, keepdim=True) / mixer.gamma
-                - mixer.alpha
-            )
-            if signed:
-                vj = v[..., j, :]
-                want[..., i, :] += torch.relu(torch.relu(vj) - z) - torch.relu(torch.relu(-vj) - z)
-            else:
-                want[..., i, :] += torch.relu(v[..., j, :] - z)
+        for j in range(i + 1):  # over the keys j <= i
+            want[..., i, :] += _eq_6_7_term(mixer, q, k, v, i, j, signed)
         n = 4 * 16  # 4 · 2^⌈log2 12⌉: query i's factor round(n / (i + 1)) / n
         want[..., i, :] *= round(n / (i + 1)) / n
     torch.testing.assert_close(got, want)
 
 
+def _eq_6_7_term(mixer, q, k, v, i: int, j: int, signed: bool) -> torch.Tensor:
+    """Key j's term in query i's sum, Eqs. (6)-(7) written out."""
+    z = torch.relu(
+        (q[..., i, :] - k[..., j, :]).abs().sum(-1, keepdim=True) / mixer.gamma - mixer.alpha
+    )
+    vj = v[..., j, :]
+    if signed:
+        return torch.relu(torch.relu(vj) - z) - torch.relu(torch.relu(-vj) - z)
+    return torch.relu(vj - z)
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["inhibitor", "signed-inhibitor"])
+def test_an_inhibitor_mean_without_the_mask_divides_eq_6_7_by_the_length(signed):
+    kind = AttentionKind.SIGNED_INHIBITOR if signed else AttentionKind.INHIBITOR
+    mixer = _model(kind, inhibitor_mean=True).blocks[0].mixer
+    q, k, v = _qkv(2)  # T = 7 keys; the factor is the model's, 1 / seq_len = 1 / 12
+    want = torch.zeros_like(v)
+    for i in range(T):
+        for j in range(T):
+            want[..., i, :] += _eq_6_7_term(mixer, q, k, v, i, j, signed) / 12
+    torch.testing.assert_close(mixer.attend(q, k, v), want)
+
+
 def test_a_causal_mean_model_keeps_padding_and_position_rules():
-    model = _model(AttentionKind.INHIBITOR, causal=True, causal_mean=True)
+    model = _model(AttentionKind.INHIBITOR, causal=True, inhibitor_mean=True)
     with torch.no_grad():
         for review in REVIEWS:  # the factor is the position's: a padded review, its logits
             length = int((review != 0).sum())
@@ -166,6 +181,9 @@ def test_a_causal_mean_model_keeps_padding_and_position_rules():
     plain.load_state_dict(model.state_dict())
     with torch.no_grad():
         assert not torch.allclose(model(REVIEWS), plain(REVIEWS))
-    for kind, causal in ((AttentionKind.POWER_SOFTMAX, True), (AttentionKind.INHIBITOR, False)):
-        with pytest.raises(ValueError, match="causal_mean is an option of causal Inhibitor"):
-            _model(kind, causal=causal, causal_mean=True)
+    for kind in (AttentionKind.POWER_SOFTMAX, AttentionKind.DOT_PRODUCT):
+        with pytest.raises(ValueError, match="inhibitor_mean is an option of Inhibitor"):
+            _model(kind, causal=True, inhibitor_mean=True)
+    legacy = {**model.config.to_dict(), "causal_mean": True}  # the option's first name
+    del legacy["inhibitor_mean"]
+    assert TransformerConfig.from_dict(legacy).inhibitor_mean

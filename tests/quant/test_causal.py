@@ -19,8 +19,8 @@ CASES = [
     (AttentionKind.INHIBITOR, {"tie_qk": True}),
     (AttentionKind.SIGNED_INHIBITOR, {}),
     (AttentionKind.POWER_SOFTMAX, {"power_form": "length-agnostic", "power_eps": 0.05}),
-    (AttentionKind.INHIBITOR, {"tie_qk": True, "causal_mean": True}),  # sums as means
-    (AttentionKind.SIGNED_INHIBITOR, {"causal_mean": True}),
+    (AttentionKind.INHIBITOR, {"tie_qk": True, "inhibitor_mean": True}),  # sums as means
+    (AttentionKind.SIGNED_INHIBITOR, {"inhibitor_mean": True}),
 ]
 IDS = [
     "dot-product",
@@ -64,15 +64,15 @@ def test_causal_program_follows_the_causal_float_model(kind, kw):
     assert not clipped
     got = program.dequantize_output(out)
     np.testing.assert_allclose(got, program.fake_forward(held), rtol=1e-9, atol=1e-9)
-    unmasked = Transformer(model.config.replace(causal=False, causal_mean=False)).double().eval()
+    unmasked = Transformer(model.config.replace(causal=False, inhibitor_mean=False)).double().eval()
     unmasked.load_state_dict(model.state_dict())
     with torch.no_grad():
         ref, ref_unmasked = model(held).numpy(), unmasked(held).numpy()
     err = np.abs(got - ref).max()
     assert err < 0.2 * np.abs(ref - ref_unmasked).max()  # the mask matters more than rounding
     assert err < 0.02
-    if model.config.causal_mean:  # the means matter more than rounding too
-        sums = Transformer(model.config.replace(causal_mean=False)).double().eval()
+    if model.config.inhibitor_mean:  # the means matter more than rounding too
+        sums = Transformer(model.config.replace(inhibitor_mean=False)).double().eval()
         sums.load_state_dict(model.state_dict())
         with torch.no_grad():
             assert err < 0.2 * np.abs(ref - sums(held).numpy()).max()

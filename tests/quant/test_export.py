@@ -326,3 +326,27 @@ def test_the_inhibitor_reading_v_plus_is_the_same_program_one_bit_narrower(tie_q
     assert relu_input(plain).bits == (3 if tie_qk else 4)  # this seed's calibration reaches −4 tied
     n_luts = [sum(n.op == "lut" for n in p.graph.nodes.values()) for p in (plain, narrow)]
     assert n_luts[1] == n_luts[0] + 1  # V⁺: one more node, fused into V's table by Concrete
+
+
+@pytest.mark.parametrize("kind", [AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR])
+def test_the_inhibitor_means_program_follows_the_float_means_model_folded_or_not(kind):
+    """``inhibitor_mean`` without a mask: export folds 1 / T into the output projection
+    (models.fold.fold_means); lowering the unfolded model reads the sum on a scale 1 / T finer
+    (Lowering.rescaled). Both follow the float means model, not the sums of the same weights."""
+    from quant.export import lower_transformer
+    from quant.lowering import Lowering
+
+    torch.manual_seed(4)
+    model = tiny(kind, inhibitor_mean=True)
+    sums = tiny(kind)
+    sums.load_state_dict(model.state_dict())
+    x = torch.rand(300, 6, 5, dtype=torch.float64)
+    config = QuantConfig(n_bits=16, weight_bits=14)
+    with torch.no_grad():
+        ref, other = model(x[250:]).numpy(), sums(x[250:]).numpy()
+        unfolded = lower_transformer(Lowering(config), model, x[250:]).fake.numpy()
+    folded = export(model, x[:250], config).forward(x[250:], OverflowPolicy.CLIP)
+    for got in (folded, unfolded):
+        err = np.abs(got - ref).max()
+        assert err < 0.02 * np.abs(ref).max() + 1e-3
+        assert err < 0.1 * np.abs(other - ref).max()

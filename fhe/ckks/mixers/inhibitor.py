@@ -13,8 +13,8 @@ compiling it.
 
 Masks, as the float model (``functional.inhibitor``: the sums over j skip the removed keys): causal
 pairs j > i are never computed; a padded model's terms are multiplied by the client's encrypted key
-mask m_j (one level). ``causal_mean`` scales query i's sums by a public m_i / n, folded into the
-output projection (no level).
+mask m_j (one level). ``inhibitor_mean`` scales query i's sums by a public 1 / T or m_i / n,
+folded into the output projection (no level).
 
 Packed (one sample in the slots, :func:`lower_packed_inhibitor`): the same equations on all T
 relative offsets at once, block r of the attention period holding key (i + r) mod T beside query i,
@@ -36,7 +36,7 @@ from fhe.ckks.arith import Arith, Val
 from fhe.ckks.mixers import register_packed_mixer, register_poly_mixer
 from fhe.ckks.packing import Layout, PVec, Rotations, apply_maps, pow2, rotate_and_sum
 from fhe.errors import FheError
-from models.config import AttentionKind, causal_mean_scale
+from models.config import AttentionKind, inhibitor_mean_scale
 
 if TYPE_CHECKING:
     from fhe.ckks.packed import PackedProgram
@@ -267,11 +267,11 @@ def lower_packed_inhibitor(
 
 
 def _out_proj(cfg, w: dict, key: str) -> np.ndarray:
-    """The output projection per position, (T·C, T·C); with ``causal_mean``, query i's sums
-    scaled by m_i / n (:func:`models.config.causal_mean_factors`) folded into its columns: no
-    level, no rotation."""
+    """The output projection per position, (T·C, T·C); with ``inhibitor_mean``, query i's sums
+    scaled by 1 / T or m_i / n (:func:`models.config.inhibitor_mean_scale`) folded into its
+    columns: no level, no rotation."""
     T, C = cfg.seq_len, cfg.d_model
     out = per_position(w[f"{key}.out_proj.weight"], T)
-    if cfg.causal_mean:
-        out = out * np.repeat(causal_mean_scale(T), C)[None, :]
+    if cfg.inhibitor_mean:
+        out = out * np.repeat(inhibitor_mean_scale(T, cfg.causal), C)[None, :]
     return out
