@@ -34,6 +34,7 @@ from benchmarks._results import command_line, merged_with_saved, write_results  
 # weights and inputs, 3-bit Q/K/V read by 4-bit lookups, 5-bit lookup inputs
 ONE_BLOCK = {"inhibitor_positive_v": True}  # the 1-block sentiment recipe's
 WIDE_ATTENTION = {"attention_bits": 4, "attention_lut_bits": 5}
+WIDE_V = {"value_bits": 4, "attention_lut_bits": 6}  # V alone at 4 bits (Q/K at 3), 6-bit reads
 CANDIDATES = {
     "imdb": {
         "1-block recipe": ONE_BLOCK,
@@ -60,21 +61,14 @@ CANDIDATES = {
         "1-block recipe, 5-bit inputs": {**ONE_BLOCK, "input_bits": 5},
         "1-block recipe, 6-bit inputs": {**ONE_BLOCK, "input_bits": 6},
         "1-block recipe, 5-bit weights/inputs": {**ONE_BLOCK, "weight_bits": 5, "input_bits": 5},
-        # V alone at 4 bits (Q/K at 3), read by 6-bit lookups: a wider V widens the (v − z)⁺
-        # lookups, not the |q − k| ones
-        "1-block recipe, 4-bit V": {**ONE_BLOCK, "value_bits": 4, "attention_lut_bits": 6},
-        "1-block recipe, 6-bit inputs, 4-bit V": {
-            **ONE_BLOCK,
-            "input_bits": 6,
-            "value_bits": 4,
-            "attention_lut_bits": 6,
-        },
+        # a wider V widens the (v − z)⁺ lookups, not the |q − k| ones
+        "1-block recipe, 4-bit V": {**ONE_BLOCK, **WIDE_V},
+        "1-block recipe, 6-bit inputs, 4-bit V": {**ONE_BLOCK, **WIDE_V, "input_bits": 6},
         "1-block recipe, 6-bit inputs, 4-bit V, 5-bit weights": {
             **ONE_BLOCK,
+            **WIDE_V,
             "input_bits": 6,
             "weight_bits": 5,
-            "value_bits": 4,
-            "attention_lut_bits": 6,
         },
         "1-block recipe, 6-bit inputs, 4-bit Q/K/V": {
             **ONE_BLOCK,
