@@ -6,12 +6,16 @@
 
 For each shape (1 block at T = 16, the recipe's own; 2 blocks at T = 16; 1 block at T = 32; 1
 causal block at T = 16; the first 32 words padded; the next-word model; ``-mean``: with the
-Inhibitor's sums as means, ``--inhibitor-mean``) and each candidate quantization, a model is
+Inhibitor's sums as means, ``--inhibitor-mean``; ``-norm``: each segment mean scaled to unit RMS on
+the client, ``--segment-norm``) and each candidate quantization, a model is
 trained per seed with ``fhe train --task <task> --recipe tfhe`` and the candidate as
 ``--qat-quant`` (the float model, then 3 epochs of QAT through the integer program).
 The float model as trained (before QAT) and the integer program are scored on the whole test split;
 the gap is their difference, per seed. The cost columns are the first seed's compiled circuit (no
-keys made): PBS count, the compiler's latency estimate and the evaluation keys' size.
+keys made): PBS count, the compiler's latency estimate and the evaluation keys' size; with them,
+the share of short reviews that circuit refuses (each test review cut to its first 8 and 16 words:
+the client refuses an input that would overflow a calibrated width, and the calibration set holds
+long reviews only).
 
 Writes benchmarks/results/text_widths.md|json. Everything goes through fhe.api.
 """
@@ -110,17 +114,23 @@ class Shape:
     causal: bool = False  # PowerSoftmax paper Eq. 11's mask (imdb-lm: always)
     padded: bool = False  # the first seq_len words, padded, the key mask encrypted (no segments)
     mean: bool = False  # the Inhibitor's sums as means (``--inhibitor-mean``)
+    norm: bool = False  # segment means at unit RMS (``--segment-norm``)
 
 
 SHAPES = {
     "imdb-L1-T16": Shape("imdb", 1, 16),  # the shape the 1-block recipe was tuned on
-    "imdb-L1-T16-mean": Shape("imdb", 1, 16, mean=True),  # the same with means: the recipe's
+    "imdb-L1-T16-mean": Shape("imdb", 1, 16, mean=True),  # the same with means
+    "imdb-L1-T16-mean-norm": Shape("imdb", 1, 16, mean=True, norm=True),  # the recipe's
     "imdb-L2-T16": Shape("imdb", 2, 16),
     "imdb-L2-T16-mean": Shape("imdb", 2, 16, mean=True),
+    "imdb-L2-T16-norm": Shape("imdb", 2, 16, norm=True),
+    "imdb-L2-T16-mean-norm": Shape("imdb", 2, 16, mean=True, norm=True),
     "imdb-L1-T32": Shape("imdb", 1, 32),
     "imdb-L1-T32-mean": Shape("imdb", 1, 32, mean=True),
+    "imdb-L1-T32-mean-norm": Shape("imdb", 1, 32, mean=True, norm=True),
     "imdb-L1-T16-causal": Shape("imdb", 1, 16, causal=True),
     "imdb-L1-T16-causal-mean": Shape("imdb", 1, 16, causal=True, mean=True),
+    "imdb-L1-T16-causal-mean-norm": Shape("imdb", 1, 16, causal=True, mean=True, norm=True),
     "imdb-L1-T32-padded": Shape("imdb", 1, 32, padded=True),
     "imdb-L1-T32-padded-mean": Shape("imdb", 1, 32, padded=True, mean=True),
     "imdb-lm-L1-T16": Shape("imdb-lm", 1, 16, causal=True),
@@ -143,12 +153,13 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
         seq_len=s.seq_len,
         causal=s.causal,
         inhibitor_mean=s.mean,
+        segment_norm=s.norm,
         words=None,  # kept only where padded (given), else the recipe's
         seed=seed,
         qat_quant=quant,
         data_dir=Path(data_dir) if data_dir else None,
     )
-    given = {"layers", "seq_len", "seed", "qat_quant", "inhibitor_mean"}
+    given = {"layers", "seq_len", "seed", "qat_quant", "inhibitor_mean", "segment_norm"}
     given |= {"words"} if s.padded else set()
     req = api.with_recipe(req, given=frozenset(given))
     start = time.perf_counter()
@@ -167,13 +178,49 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
             path = Path(tmp) / "model.pt"
             outcome.save(path)
             opts = api.CompileOptions(scheme="tfhe", data_dir=req.data_dir)
-            rep = api.compile_file(path, opts, simulate_only=True).report()
+            compiled = api.compile_file(path, opts, simulate_only=True)
+            rep = compiled.report()
+            short = {} if s.padded else short_refusals(compiled, data_dir)
         out.update(
             pbs=rep.get("pbs_count"),
             est_latency_s=rep.get("estimated_latency_s"),
             eval_keys_bytes=rep.get("key_sizes_bytes", {}).get("evaluation"),
+            **short,
         )
     return out
+
+
+SHORT_WORDS = (8, 16)  # test reviews cut to their first 8 and 16 words
+
+
+def short_refusals(compiled, data_dir: str | None) -> dict:
+    """The share of the test reviews, each cut to its first k words, that the compiled program
+    refuses (a value would leave its calibrated width): ``refused_first_<k>_words``."""
+    import numpy as np
+
+    from fhe.api import parts
+
+    words = compiled.text.words
+    ids = parts.load_task("imdb", data_dir=data_dir, seq_len=words).x_test  # (N, words), 0: pad
+    graph, codec = compiled.compiled.program.graph, compiled.compiled.codec
+    out = {}
+    for k in SHORT_WORDS:
+        cut = ids.clone()
+        cut[:, k:] = 0
+        x = np.asarray(codec.encode(compiled.text.embed_ids(cut)))
+        accepted = np.concatenate(
+            [graph.run_accepted(x[i : i + 500])[1] for i in range(0, len(x), 500)]
+        )
+        out[f"refused_first_{k}_words"] = float(1 - accepted.mean())
+    return out
+
+
+COST_FIELDS = (
+    "pbs",
+    "est_latency_s",
+    "eval_keys_bytes",
+    *(f"refused_first_{k}_words" for k in SHORT_WORDS),
+)
 
 
 def _cell(row: dict) -> tuple[str, str, int]:
@@ -204,7 +251,7 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "gaps_points": gaps,
                 "gap_mean": sum(gaps) / len(gaps),
                 "within_1_point": sum(g <= 1.0 for g in gaps),
-                **{k: cost[k] for k in ("pbs", "est_latency_s", "eval_keys_bytes") if k in cost},
+                **{k: v for k, v in cost.items() if k in COST_FIELDS},
             }
         )
     return out
@@ -221,11 +268,13 @@ def markdown(summary: list[dict], load: str, command: str, cost_seed: int) -> li
         "integer program), one model per seed. Float: the model as trained, before QAT; program: "
         "the integer program after QAT; both on the whole test split (4000 reviews). Gap: float "
         f"minus program, in points, per seed. Cost: the seed-{cost_seed} model's circuit, compiled "
-        "without keys (the compiler's latency estimate, not a measurement).",
+        "without keys (the compiler's latency estimate, not a measurement). Short reviews refused: "
+        "by that circuit, the test reviews cut to their first 8 / 16 words (— where not measured "
+        "or the input is padded word by word).",
         "",
         "| shape | widths (`--qat-quant`) | float (mean) | program (mean) | gap per seed (points) "
-        "| seeds within 1 point | PBS | est. latency | eval. keys |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| seeds within 1 point | PBS | est. latency | eval. keys | short reviews refused |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summary:
         gaps = ", ".join(f"{g:.2f}" for g in s["gaps_points"])
@@ -236,9 +285,16 @@ def markdown(summary: list[dict], load: str, command: str, cost_seed: int) -> li
             f"{100 * s['program_mean']:.2f}% | {gaps} (mean {s['gap_mean']:.2f}) | "
             f"{s['within_1_point']}/{len(s['gaps_points'])} | {s.get('pbs', '—')} | "
             f"{'—' if est is None else f'{est:.0f} s'} | "
-            f"{'—' if keys is None else f'{keys / 2**30:.2f} GiB'} |"
+            f"{'—' if keys is None else f'{keys / 2**30:.2f} GiB'} | {_refused(s)} |"
         )
     return lines
+
+
+def _refused(summary: dict) -> str:
+    shares = [summary.get(f"refused_first_{k}_words") for k in SHORT_WORDS]
+    if None in shares:
+        return "—"
+    return " / ".join(f"{100 * v:.1f}%" for v in shares)
 
 
 def _matching(names: dict, name: str | None) -> list[str]:

@@ -1,13 +1,15 @@
 """Segment pooling: a review's words cut into T contiguous segments, each the mean of its words'
 embeddings (the text front end of :mod:`models.text`; the token model computes the same in its
-forward pass)."""
+forward pass), optionally scaled to unit RMS (:func:`unit_rms`)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-__all__ = ["segment_matrix", "segment_means"]
+__all__ = ["segment_matrix", "segment_means", "unit_rms"]
+
+RMS_EPS = 1e-6  # keeps an all-zero vector (a padding segment) at zero
 
 
 def segment_matrix(ids: Tensor, seq_len: int) -> Tensor:
@@ -26,6 +28,18 @@ def segment_matrix(ids: Tensor, seq_len: int) -> Tensor:
     return inside.float() / (end - start)[..., None].float()
 
 
-def segment_means(embedded: Tensor, ids: Tensor, seq_len: int) -> Tensor:
-    """(B, L, C) word embeddings → (B, seq_len, C) segment means (:func:`segment_matrix`)."""
-    return segment_matrix(ids, seq_len).to(embedded.dtype) @ embedded
+def segment_means(embedded: Tensor, ids: Tensor, seq_len: int, normalize: bool = False) -> Tensor:
+    """(B, L, C) word embeddings → (B, seq_len, C) segment means (:func:`segment_matrix`), each
+    scaled to unit RMS with ``normalize`` (:func:`unit_rms`)."""
+    means = segment_matrix(ids, seq_len).to(embedded.dtype) @ embedded
+    return unit_rms(means) if normalize else means
+
+
+def unit_rms(v: Tensor) -> Tensor:
+    """``v / sqrt(mean(v², -1) + ε)``: every vector of the last axis at RMS 1 (a zero one stays 0).
+
+    Why for segments: the mean of a segment of k words shrinks with k (the words' embeddings
+    partly cancel), so a one-sentence review's segments, single words, are several times larger
+    than a long review's. Scaled to one RMS, both reach the encrypted program at the same size, and
+    a TFHE program calibrated on long reviews does not refuse short ones (docs/text.md)."""
+    return v * torch.rsqrt((v * v).mean(-1, keepdim=True) + RMS_EPS)

@@ -15,10 +15,11 @@ part of the model.
 
 Segments: the first ``words`` words of a review are cut into ``seq_len`` contiguous segments of
 (nearly) equal length and each segment is the mean of its words' embeddings
-(:func:`models.segments.segment_means`). Every position then holds real words, whatever the
-review's length, so no padding mask enters the encrypted program and the sequence-length bucket is
-all the server learns. It is a client-side reduction of the sequence (fewer positions to attend
-over: T² lookups under TFHE), reported as such.
+(:func:`models.segments.segment_means`; with ``segment_norm``, scaled to unit RMS, so that a
+one-sentence review reaches the program at the size of a long one). Every position then holds
+real words, whatever the review's length, so no padding mask enters the encrypted program and the
+sequence-length bucket is all the server learns. It is a client-side reduction of the sequence
+(fewer positions to attend over: T² lookups under TFHE), reported as such.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class TextEncoder:
     reads encrypted (the server never learns the review's length). ``labels``: the names of the
     outputs, when the task has them (a next-word model's words). ``keep_last``: a text longer
     than ``words`` keeps its last words, not its first (a next-word model predicts the word after
-    the text)."""
+    the text). ``segment_norm``: each segment mean is scaled to unit RMS before its position is
+    added (:func:`models.segments.unit_rms`)."""
 
     vocab: tuple[str, ...]
     words: int
@@ -58,6 +60,7 @@ class TextEncoder:
     padded: bool = False
     labels: tuple[str, ...] | None = None
     keep_last: bool = False
+    segment_norm: bool = False
 
     def __post_init__(self) -> None:
         emb, pos = np.asarray(self.embedding), np.asarray(self.positions)
@@ -70,6 +73,8 @@ class TextEncoder:
             raise ValueError(
                 f"positions of shape {pos.shape} do not match embeddings of width {emb.shape[1]}"
             )
+        if self.segment_norm and self.padded:
+            raise ValueError("segment_norm scales segment means; a padded front end has none")
         if self.padded and self.words != pos.shape[0]:
             raise ValueError(f"a padded front end reads one word per position, not {self.words}")
 
@@ -117,7 +122,7 @@ class TextEncoder:
             ids = torch.nn.functional.pad(ids, (0, self.words - ids.shape[1]))
             mask = (ids != 0).to(torch.float64)[..., None]
             return torch.cat([table[ids] + positions, mask], dim=-1).float().numpy()
-        means = segment_means(table[ids], ids, self.seq_len)
+        means = segment_means(table[ids], ids, self.seq_len, self.segment_norm)
         return (means + positions).float().numpy()
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -146,6 +151,7 @@ class TextEncoder:
             "vocab": list(self.vocab),
             "labels": None if self.labels is None else list(self.labels),
             "keep_last": self.keep_last,
+            "segment_norm": self.segment_norm,
         }
         (folder / TEXT_JSON).write_text(json.dumps(meta))
         save_file(
@@ -174,6 +180,7 @@ class TextEncoder:
             bool(meta.get("padded", False)),
             None if meta.get("labels") is None else tuple(meta["labels"]),
             bool(meta.get("keep_last", False)),
+            bool(meta.get("segment_norm", False)),  # artifacts from before it: plain means
         )
 
 
@@ -207,11 +214,13 @@ def split_text_model(model, vocab: list[str], labels: list[str] | None = None):
         padded,
         None if labels is None else tuple(labels),
         keep_last=cfg.pooling is Pooling.LAST,
+        segment_norm=cfg.segment_norm,
     )
     inner = cfg.replace(
         input_kind=InputKind.EMBEDDED,
         in_features=cfg.d_model + int(padded),  # + the key mask column
         words=None,
+        segment_norm=False,  # the client's
         mask_padding=padded,
     )
     program_model = Transformer(inner)

@@ -97,7 +97,8 @@ class Transformer(nn.Module):
             )
         mask = self.attention_mask(x)
         if words:  # the text front end (models.text): segment means of the word embeddings
-            h = segment_means(self.embed(x), x, self.config.seq_len) + self.pos
+            means = segment_means(self.embed(x), x, self.config.seq_len, self.config.segment_norm)
+            h = means + self.pos
         else:
             h = self.embed(x) + self.pos[:T]  # (B, T, C)
         for block in self.blocks:

@@ -70,11 +70,7 @@ def main() -> None:
         return
     for scheme in ("ckks", "tfhe"):  # the same review under both schemes
         text_model, text_art = str(RUNS / f"imdb-{scheme}.pt"), str(RUNS / f"imdb-{scheme}")
-        # TFHE: the recipe's widths before the means and the 4-bit V (docs/text.md): the recipe's
-        # model refuses this short review as out of its calibrated ranges (block0.mix.v), and
-        # compiling it with --ranges proven takes 5.9 GB of keys
-        before = ["--no-inhibitor-mean", "--qat-quant", '{"inhibitor_positive_v": true}']
-        fhe(f"train --task imdb --recipe {scheme} -o", text_model, *(before * (scheme == "tfhe")))
+        fhe(f"train --task imdb --recipe {scheme} -o", text_model)
         fhe(f"compile --scheme {scheme} --out", text_art, text_model)
         fhe("run", text_art, "--text", REVIEW)
 

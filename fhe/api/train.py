@@ -112,6 +112,14 @@ class TrainRequest:
         "it); under CKKS folded into the output projection (no level).",
         pair=True,
     )
+    segment_norm: bool = option_field(
+        False,
+        "Text with --words: scale each segment's mean word vector to unit RMS before its position "
+        "is added (on the client, in the clear), so that a one-sentence review reaches the program "
+        "at the size of a long one (a TFHE program calibrated on long reviews otherwise refuses "
+        "many short ones).",
+        pair=True,
+    )
     epochs: int | None = option_field(
         None,
         "Training epochs (task preset if omitted).",
@@ -295,8 +303,9 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     knows which options were typed); without ``given``, the fields that differ from their
     defaults keep their values. A model with more blocks or segments than the recipe was tuned on,
     or a causal one, gets the recipe's options for that shape where it has them
-    (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths, and the
-    Inhibitor's sums or means, whichever its sweep found better there)."""
+    (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths, as its sweep found
+    best there). Options that do not apply to the model are dropped: the Inhibitor's means for
+    another kind, the segment norm without segments."""
     if req.recipe is None:
         return req
     from fhe.api.recipes import BEYOND_SHAPE, recipe_for
@@ -327,6 +336,8 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
         and out.attention not in INHIBITOR_KINDS
     ):
         out = dataclasses.replace(out, inhibitor_mean=False)  # an Inhibitor option: --attention won
+    if out.segment_norm and "segment_norm" not in given and out.words is None:
+        out = dataclasses.replace(out, segment_norm=False)  # no segments (padded word positions)
     return out
 
 
@@ -463,6 +474,7 @@ def _training_setup(req: TrainRequest):
             mask_padding=req.mask_padding,
             causal=req.causal or data.pooling is Pooling.LAST,  # next-word: reads left to right
             inhibitor_mean=req.inhibitor_mean,
+            segment_norm=req.segment_norm,
             n_layers=req.layers or preset.n_layers,
             norm=req.norm,
             ffn_activation=req.ffn_activation,

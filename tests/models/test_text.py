@@ -63,16 +63,18 @@ def _text_model(**kw) -> Transformer:
     return model.eval()
 
 
+@pytest.mark.parametrize("segment_norm", [False, True], ids=["", "norm"])
 @pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
 @pytest.mark.parametrize("attention", ["inhibitor", "dot-product", "power-softmax"])
-def test_the_split_model_on_client_vectors_equals_the_token_model(attention, causal):
-    model = _text_model(attention=attention, causal=causal)
+def test_the_split_model_on_client_vectors_equals_the_token_model(attention, causal, segment_norm):
+    model = _text_model(attention=attention, causal=causal, segment_norm=segment_norm)
     ids = torch.randint(2, len(VOCAB), (5, 12))
     ids[0, 7:] = 0  # a short review, right-padded
     ids[1, 2:] = 0  # shorter than the bucket: words repeat
     encoder, program_model = split_text_model(model, VOCAB)
     assert program_model.config.input_kind is InputKind.EMBEDDED
     assert program_model.config.causal is causal
+    assert encoder.segment_norm is segment_norm and not program_model.config.segment_norm
     program_model.requires_grad_(True)  # its input layer is the client's: it never trains
     assert not program_model.embed.weight.requires_grad and not program_model.pos.requires_grad
     assert all(p.requires_grad for p in program_model.blocks.parameters())
@@ -80,6 +82,36 @@ def test_the_split_model_on_client_vectors_equals_the_token_model(attention, cau
         want = model(ids).double().numpy()
         got = program_model(torch.from_numpy(encoder.embed_ids(ids))).double().numpy()
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_segment_norm_scales_each_segment_mean_to_unit_rms_and_a_short_review_to_a_long_ones_size():
+    """models.segments.unit_rms against the RMS written out per segment, on the client's vectors;
+    and what it is for: without it a review of single-word segments reaches the program several
+    times larger than one of many-word segments, with it at the same RMS."""
+    plain = _text_model()
+    normed = _text_model(segment_norm=True)  # the same weights (same seed)
+    enc_plain, _ = split_text_model(plain, VOCAB)
+    enc_norm, _ = split_text_model(normed, VOCAB)
+    ids = torch.tensor([[2, 3, 4, 5, 6, 7, 2, 3, 4, 5, 6, 7], [6, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+    means = enc_plain.embed_ids(ids) - enc_plain.positions  # (2, 4, 8) segment means
+    want = np.stack(
+        [[row / np.sqrt(np.mean(row * row) + 1e-6) for row in sample] for sample in means]
+    )
+    got = enc_norm.embed_ids(ids) - enc_norm.positions
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(np.sqrt((got**2).mean(-1)), 1.0, atol=1e-4)
+    rms = np.sqrt((means**2).mean(-1)).mean(-1)  # long review's means of 3 words vs single words
+    assert rms[1] > 1.3 * rms[0]
+    with torch.no_grad():  # the token model computes the same front end
+        np.testing.assert_allclose(
+            normed(ids).numpy(),
+            split_text_model(normed, VOCAB)[1](torch.from_numpy(enc_norm.embed_ids(ids))).numpy(),
+            atol=1e-5,
+        )
+    with pytest.raises(ValueError, match="segment_norm scales segment means"):
+        TransformerConfig(
+            seq_len=4, in_features=8, n_outputs=2, input_kind="tokens", segment_norm=True
+        )
 
 
 def test_padding_does_not_change_a_reviews_logits():
@@ -100,6 +132,17 @@ def test_the_encoder_round_trips_through_json_and_safetensors(tmp_path):
     assert ids[0, :9].tolist() == [1, 2, 4, 1, 6, 5, 1, 7, 1] and ids[0, 9:].eq(0).all()
     np.testing.assert_allclose(back.encode([text]), encoder.encode([text]), atol=1e-6)
     meta = json.loads((tmp_path / "text.json").read_text())
+    assert meta["segment_norm"] is False
+    normed, _ = split_text_model(_text_model(segment_norm=True), VOCAB)
+    normed.save(tmp_path / "norm")
+    assert TextEncoder.load(tmp_path / "norm").segment_norm
+    np.testing.assert_allclose(
+        TextEncoder.load(tmp_path / "norm").encode([text]), normed.encode([text]), atol=1e-6
+    )
+    old = {k: v for k, v in json.loads((tmp_path / "norm" / "text.json").read_text()).items()}
+    del old["segment_norm"]  # a client folder from before segment_norm: plain means
+    (tmp_path / "norm" / "text.json").write_text(json.dumps(old))
+    assert not TextEncoder.load(tmp_path / "norm").segment_norm
     (tmp_path / "text.json").write_text(json.dumps({**meta, "vocab": meta["vocab"][:-1]}))
     with pytest.raises(ValueError, match="the vocabulary does not match the model"):
         TextEncoder.load(tmp_path)  # another model's vocabulary: refused, not a wrong answer
