@@ -202,16 +202,14 @@ def short_refusals(compiled, data_dir: str | None) -> dict:
 
     words = compiled.text.words
     ids = parts.load_task("imdb", data_dir=data_dir, seq_len=words).x_test  # (N, words), 0: pad
-    graph, codec = compiled.compiled.program.graph, compiled.compiled.codec
+    program = compiled.compiled.program  # the client's check, as fhe compare applies it
     out = {}
     for k in SHORT_WORDS:
         cut = ids.clone()
         cut[:, k:] = 0
-        x = np.asarray(codec.encode(compiled.text.embed_ids(cut)))
-        accepted = np.concatenate(
-            [graph.run_accepted(x[i : i + 500])[1] for i in range(0, len(x), 500)]
-        )
-        out[f"refused_first_{k}_words"] = float(1 - accepted.mean())
+        x_int = program.quantize_input(compiled.text.embed_ids(cut))
+        _, accepted = program.run_int_accepted(x_int)
+        out[f"refused_first_{k}_words"] = float(1 - np.mean(accepted))
     return out
 
 

@@ -91,7 +91,7 @@ def test_segment_norm_scales_each_segment_mean_to_unit_rms_and_a_short_review_to
     plain = _text_model()
     normed = _text_model(segment_norm=True)  # the same weights (same seed)
     enc_plain, _ = split_text_model(plain, VOCAB)
-    enc_norm, _ = split_text_model(normed, VOCAB)
+    enc_norm, program_norm = split_text_model(normed, VOCAB)
     ids = torch.tensor([[2, 3, 4, 5, 6, 7, 2, 3, 4, 5, 6, 7], [6, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
     means = enc_plain.embed_ids(ids) - enc_plain.positions  # (2, 4, 8) segment means
     want = np.stack(
@@ -105,7 +105,7 @@ def test_segment_norm_scales_each_segment_mean_to_unit_rms_and_a_short_review_to
     with torch.no_grad():  # the token model computes the same front end
         np.testing.assert_allclose(
             normed(ids).numpy(),
-            split_text_model(normed, VOCAB)[1](torch.from_numpy(enc_norm.embed_ids(ids))).numpy(),
+            program_norm(torch.from_numpy(enc_norm.embed_ids(ids))).numpy(),
             atol=1e-5,
         )
     with pytest.raises(ValueError, match="segment_norm scales segment means"):
