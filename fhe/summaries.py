@@ -97,6 +97,7 @@ def _chain_rows(rep: dict) -> list[tuple[str, object]]:
         ("bootstraps (server-side)", rep["bootstraps"]),
         ("bootstraps per stage", per_stage),
         ("stages renewed on entry (level >)", entry),
+        ("1/x renews y alone, rebuilds e = 1 - a*y", rep.get("goldschmidt_rebuild", False)),
         ("largest |input| of a bootstrap", max(rep["bootstrap_input_peaks"], default=0)),
         ("bootstraps above |x| = 16 (less precise)", rep["bootstraps_beyond_flat_error"]),
     ]

@@ -123,11 +123,21 @@ def plan_reciprocal(
 
 
 def goldschmidt_reciprocal(ar: Arith, a: Val, n_iterations: int) -> Val:
-    """1/a for a in (0, 2), a already scaled (the scale is folded into the producer's weights)."""
+    """1/a for a in (0, 2), a already scaled (the scale is folded into the producer's weights).
+
+    y = ∏ (1 + e₀^(2^j)) with e₀ = 1 − a, so a·y = 1 − e² holds for the current e at every step.
+    With ``ar.rebuild`` (a bootstrapping engine's plan chooses it), where y and e would be renewed
+    together (both spent: they run one level apart), y alone is renewed and the next e is rebuilt
+    as 1 − a·y, one product with a, which stays at its entry level: one bootstrap instead of two
+    (three: just in time renews 1 + e, then e), for one level more, and the rebuilt e damps the
+    bootstrap's error in y like a Newton step. Otherwise the plain iteration."""
     e = ar.add_scalar(ar.neg(a), 1.0)  # e₀ = 1 − a
     y = ar.add_scalar(e, 1.0)  # y₀ = 1 + e₀
     for _ in range(n_iterations):
-        e = ar.square(e)
+        if ar.rebuild and (ar.spent(y) or ar.spent(e)):
+            e = ar.add_scalar(ar.neg(ar.mul(a, ar.renew(y))), 1.0)  # e² = 1 − a·y
+        else:
+            e = ar.square(e)
         y = ar.mul(y, ar.add_scalar(e, 1.0))
     return y
 

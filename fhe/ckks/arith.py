@@ -57,6 +57,7 @@ class Arith:
         refresh: bool = False,
         bootstrap: bool = False,
         entry_levels: Mapping[str, int] | None = None,
+        rebuild: bool = False,
     ) -> None:
         if refresh and bootstrap:
             raise ValueError("a value is renewed by the client (refresh) or the server (bootstrap)")
@@ -66,6 +67,9 @@ class Arith:
         # stage tag -> the highest level at which a value made before that stage enters it; one
         # above is bootstrapped at its first use there (see _enter; the planner's search chooses)
         self.entry_levels = dict(entry_levels or {})
+        # Goldschmidt renews y alone and rebuilds e (fhe.ckks.approx.goldschmidt_reciprocal); the
+        # planner's search chooses (fhe.ckks.placement.search_placement)
+        self.rebuild = bootstrap and rebuild
         self.bootstraps: list[str] = []  # the stage tag of each bootstrap, in run order
         self.tag = "input"
         self.counts: dict[str, Counter] = defaultdict(Counter)
@@ -121,6 +125,18 @@ class Arith:
             0,
         )  # in place: every later use sees the fresh ciphertext
         return v
+
+    def spent(self, v: Val) -> bool:
+        """Whether a product on ``v`` would bootstrap it first (bootstrapping engines only: with one
+        chain or client refreshes, never)."""
+        return self.bootstrap and self.max_depth is not None and v.level + 1 > self.max_depth
+
+    def renew(self, v: Val) -> Val:
+        """``v`` bootstrapped now, in place (a program that knows it can rebuild a companion value
+        from ``v`` renews ``v`` alone instead of both just in time)."""
+        if not self.bootstrap:
+            raise ValueError("renew() needs a bootstrapping engine")
+        return self._bootstrap_in_place(v)
 
     def _bootstrap_in_place(self, v: Val) -> Val:
         self._count("bootstrap")
@@ -295,8 +311,9 @@ class ClearArith(Arith):
         strict: bool = False,
         bootstrap: bool = False,
         entry_levels: Mapping[str, int] | None = None,
+        rebuild: bool = False,
     ) -> None:
-        super().__init__(max_depth, refresh, bootstrap, entry_levels)
+        super().__init__(max_depth, refresh, bootstrap, entry_levels, rebuild)
         self.strict = strict
         self.bootstrap_peaks: list[float] = []  # max |value| entering each bootstrap
         self.ranges: dict[str, tuple[float, float]] = {}  # input range of each approximated op

@@ -8,10 +8,11 @@ renewing its one input as it begins would have left it levels for most of its ch
 
 The rule searched here: for stage ``s``, a value made before ``s`` whose level is above
 ``entry_levels[s]`` is bootstrapped at its first use in ``s`` (``Arith._enter``). Every stage
-without an entry is just in time. The search is greedy over clear runs of the program: stage by
-stage in run order, each level from 0 (renew every non-fresh input) up is tried, and a choice is
-kept when it strictly lowers the whole program's bootstrap count; two passes, since a later stage's
-choice can make an earlier one's pay. The count is exact, not estimated: the clear run executes
+without an entry is just in time. The search is a descent over clear runs of the program from
+several starts (:func:`search_entry_levels`): stage by stage in run order, each level from 0 (renew
+every non-fresh input) up, or none, is tried, and a choice is kept when it strictly lowers the
+whole program's bootstrap count; sweeps repeat, since a later stage's choice can make an earlier
+one's pay. The count is exact, not estimated: the clear run executes
 the same operations and the same level bookkeeping as the encrypted one, and placement depends on
 the program alone, never on the data.
 
@@ -24,43 +25,141 @@ over. Without this rule the search moved a tiny PowerSoftmax model's bootstrap o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fhe.ckks.arith import ClearArith
 
 Run = Callable[[ClearArith], object]  # one clear run of the whole program (its result unused)
-PASSES = 2
+PASSES = 4  # sweeps of one descent (each start settles in 2-3 on the digits models)
 
 
-def count_bootstraps(run: Run, max_depth: int, entry_levels: dict[str, int]) -> ClearArith:
+@dataclass(frozen=True)
+class Placement:
+    """Where a plan's bootstraps go: the stages' entry levels, and whether Goldschmidt renews y
+    alone (``rebuild``, :func:`fhe.ckks.approx.goldschmidt_reciprocal`); ``bootstraps`` per run."""
+
+    entry_levels: dict[str, int]
+    rebuild: bool
+    bootstraps: int
+
+
+def count_bootstraps(
+    run: Run, max_depth: int, entry_levels: dict[str, int], rebuild: bool = False
+) -> ClearArith:
     """The clear run with these entry levels (its ``bootstraps`` list the stage of each)."""
-    ar = ClearArith(max_depth=max_depth, bootstrap=True, entry_levels=entry_levels)
+    ar = ClearArith(max_depth=max_depth, bootstrap=True, entry_levels=entry_levels, rebuild=rebuild)
     run(ar)
     return ar
 
 
+def search_placement(
+    run: Run, max_depth: int, flat_bound: float = float("inf"), check: Run | None = None
+) -> Placement:
+    """The fewest bootstraps over both Goldschmidt forms, each with its searched entry levels
+    (:func:`search_entry_levels`); the plain form on a tie. Both are held to the plain form's
+    just-in-time ceiling: renewing y alone leaves the reciprocal one level deeper, which can move
+    a later cut onto a larger value (a tiny test model's attention output: 116 against 28, and an
+    encrypted error of 9e-3 against the test's 2e-3 bound), and such a placement is refused.
+    ``check``: a run on more samples, whose peaks are held to the ceiling (the count is the
+    program's, the same on any sample)."""
+    check = check or run
+    plain = count_bootstraps(check, max_depth, {})
+    ceiling = max(flat_bound, *plain.bootstrap_peaks, 0.0)
+    best: Placement | None = None
+    for rebuild in (False, True):
+        entry = search_entry_levels(run, max_depth, ceiling=ceiling, rebuild=rebuild, check=check)
+        ar = count_bootstraps(check, max_depth, entry, rebuild)
+        if max(ar.bootstrap_peaks, default=0.0) > ceiling:
+            continue
+        if best is None or len(ar.bootstraps) < best.bootstraps:
+            best = Placement(entry, rebuild, len(ar.bootstraps))
+    assert best is not None  # the plain form just in time is within its own ceiling
+    return best
+
+
 def search_entry_levels(
-    run: Run, max_depth: int, flat_bound: float = float("inf")
+    run: Run,
+    max_depth: int,
+    flat_bound: float = float("inf"),
+    *,
+    ceiling: float | None = None,
+    rebuild: bool = False,
+    check: Run | None = None,
 ) -> dict[str, int]:
-    """Entry levels that bootstrap no more than just-in-time renewal, and fewer where the greedy
-    search finds them (``{}`` when just in time is as good); none that bootstraps a value larger
-    than ``flat_bound`` and than every just-in-time bootstrap's input."""
-    first = count_bootstraps(run, max_depth, {})
-    best = len(first.bootstraps)
-    if best == 0:
+    """Entry levels that bootstrap no more than just-in-time renewal, and fewer where the search
+    finds them (``{}`` when just in time is as good); none that bootstraps a value larger than
+    ``ceiling``, by default ``flat_bound`` or every just-in-time bootstrap's input if larger.
+
+    A descent from several starts: just in time, then every stage at one entry level (0 up to
+    ``max_depth`` − 1). Each descent tries, stage by stage in run order, every level and no entry,
+    keeps a change when it strictly lowers the count, and sweeps again until a sweep changes
+    nothing (at most ``PASSES``); the fewest bootstraps over the starts wins (the earliest start
+    on a tie). One start alone stops where no single stage's change pays: on issue 28's 2-block
+    model, just in time's descent stopped at 27 bootstraps where the start at level 1 reached
+    24 (and simulated annealing over the same choices, in one-off runs, no fewer).
+
+    Placements are counted on ``run``; one that would be kept is first held to the ceiling on
+    ``check`` as well (more samples: their peaks), so that most trials cost one sample's run."""
+    first = count_bootstraps(check or run, max_depth, {}, rebuild)
+    if not first.bootstraps:
         return {}
-    ceiling = max(flat_bound, *first.bootstrap_peaks)
+    if ceiling is None:
+        ceiling = max(flat_bound, *first.bootstrap_peaks)
+    refused = 10 * len(first.bootstraps) + 1  # worse than any placement within the ceiling
     stages = list(first.counts)  # every stage tag, in the order the program first entered it
+
+    seen: dict[frozenset, int] = {}  # descents revisit placements: the count is deterministic
+
+    def count(entry: dict[str, int]) -> int:
+        key = frozenset(entry.items())
+        if key not in seen:
+            ar = count_bootstraps(run, max_depth, entry, rebuild)
+            within = max(ar.bootstrap_peaks, default=0.0) <= ceiling
+            seen[key] = len(ar.bootstraps) if within else refused
+        return seen[key]
+
+    def within(entry: dict[str, int]) -> bool:  # on the check samples too
+        if check is None:
+            return True
+        ar = count_bootstraps(check, max_depth, entry, rebuild)
+        return max(ar.bootstrap_peaks, default=0.0) <= ceiling
+
+    best: float = refused + 1
     chosen: dict[str, int] = {}
+    starts: list[dict[str, int]] = [{}, *(dict.fromkeys(stages, k) for k in range(max_depth))]
+    for start in starts:
+        n, entry = _descend(count, within, stages, max_depth, start)
+        if n < best:
+            best, chosen = n, entry
+    return chosen
+
+
+def _descend(
+    count: Callable[[dict[str, int]], int],
+    within: Callable[[dict[str, int]], bool],
+    stages: list[str],
+    max_depth: int,
+    start: dict,
+) -> tuple[float, dict[str, int]]:
+    """(count, entry levels) where changing one stage's entry no longer lowers the count among the
+    placements ``within`` accepts (a start it refuses counts as refused: any accepted one is
+    better)."""
+    chosen = dict(start)
+    best = count(start) if within(start) else math.inf
     for _ in range(PASSES):
         improved = False
         for stage in stages:
-            for level in range(max_depth):  # max_depth itself: never (just in time)
-                trial = {**chosen, stage: level}
-                ar = count_bootstraps(run, max_depth, trial)
-                n = len(ar.bootstraps)
-                if n < best and max(ar.bootstrap_peaks, default=0.0) <= ceiling:
+            for level in (None, *range(max_depth)):  # None: just in time for this stage
+                trial = {k: v for k, v in chosen.items() if k != stage}
+                if level is not None:
+                    trial[stage] = level
+                if trial == chosen:
+                    continue
+                n = count(trial)
+                if n < best and within(trial):
                     best, chosen, improved = n, trial, True
         if not improved:
             break
-    return chosen
+    return best, chosen

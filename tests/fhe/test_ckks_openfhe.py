@@ -33,6 +33,7 @@ from fhe.ckks.packing import Rotations, rotate_and_sum
 from fhe.deploy.runtime import artifact_info
 from fhe.harness import compile_model, save_artifacts
 from fhe.schemes import CkksParams
+from fhe.summaries import format_report
 from models.config import AttentionKind
 
 LOOSE = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
@@ -265,6 +266,9 @@ def test_the_plan_bootstraps_where_the_128_bit_chain_runs_out(compiled):
     assert rep["insecure_test_parameters"] is True and rep["security_bits"] == 0
     assert rep["op_counts"]["client_refresh"] == 0
     assert rep["rotation_keys_made"] >= len(plan.rotation_steps)  # the bootstrap's, the program's
+    assert rep["goldschmidt_rebuild"] is plan.rebuild  # the placement's form, in the report
+    (line,) = [row for row in format_report(rep).splitlines() if "1/x renews y alone" in row]
+    assert line.split()[-1] == str(plan.rebuild)
 
 
 def test_encrypted_equals_the_clear_polynomial_program(compiled):

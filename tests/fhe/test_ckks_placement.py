@@ -3,6 +3,7 @@
 All in the clear: ClearArith counts bootstraps exactly as the encrypted run places them (the OpenFHE
 tests check that count against a real encrypted run of a plan that uses entry levels)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -100,7 +101,7 @@ def test_a_value_made_in_the_stage_or_fresh_enough_is_not_renewed_on_entry():
         assert free.square(u).level == 2 and free.counts["b"]["bootstrap"] == 0
 
 
-def test_plans_keep_their_entry_levels_and_older_plans_read_as_just_in_time():
+def test_plans_keep_their_placement_and_older_plans_read_as_just_in_time_and_plain():
     plan = OpenFhePlan(
         ring_dim=4096,
         secure=False,
@@ -117,7 +118,85 @@ def test_plans_keep_their_entry_levels_and_older_plans_read_as_just_in_time():
         rotation_steps=(1,),
         entry_levels=(("b", 0),),
     )
+    plan = dataclasses.replace(plan, rebuild=True)
     d = json.loads(json.dumps(plan.to_dict()))  # as meta.json holds it
     assert OpenFhePlan.from_dict(d) == plan
-    del d["entry_levels"]
-    assert OpenFhePlan.from_dict(d).entry_levels == ()
+    del d["entry_levels"], d["rebuild"]
+    older = OpenFhePlan.from_dict(d)
+    assert older.entry_levels == () and older.rebuild is False  # planned plain, just in time
+
+
+def three_stages(ar, x: np.ndarray):
+    """s0 spends four levels on two values and joins them; s1 rescales; s2 derives three values
+    from that and spends two levels on each before joining them (a small stand-in for a block)."""
+    v = ar.encode(x)
+    with ar.stage("s0"):
+        a, b = ar.lincomb([v], [1.0]), ar.lincomb([v], [1.1])
+        for _ in range(4):
+            a, b = ar.square(a), ar.square(b)
+        v = ar.mul(a, b)
+    with ar.stage("s1"):
+        v = ar.lincomb([v], [1.0])
+    with ar.stage("s2"):
+        parts = [ar.lincomb([v], [1.0 + 0.1 * j]) for j in range(3)]
+        for _ in range(2):
+            parts = [ar.square(p) for p in parts]
+        return ar.mul(ar.mul(parts[0], parts[1]), parts[2])
+
+
+def test_the_search_reaches_the_fewest_bootstraps_where_one_descent_stops_short():
+    """Every entry-level choice enumerated (6 per stage) as the reference: the descent from just
+    in time alone stops at 4 bootstraps, the search's other starts reach the true minimum, 3."""
+    import itertools
+
+    from fhe.ckks.placement import _descend
+
+    x = np.linspace(0.5, 1.0, 4)
+    run = lambda ar: three_stages(ar, x)  # noqa: E731
+    stages = list(count_bootstraps(run, DEPTH, {}).counts)
+    assert stages == ["s0", "s1", "s2"]
+
+    def count(entry):
+        return len(count_bootstraps(run, DEPTH, entry).bootstraps)
+
+    fewest = min(
+        count({s: k for s, k in zip(stages, choice, strict=True) if k is not None})
+        for choice in itertools.product([None, *range(DEPTH)], repeat=len(stages))
+    )
+    assert fewest == 3 and count({}) == 5
+    assert _descend(count, lambda e: True, stages, DEPTH, {})[0] == 4  # one start: stuck above
+    assert count(search_entry_levels(run, DEPTH)) == fewest
+
+
+def test_the_rebuild_form_is_chosen_when_it_saves_bootstraps_and_refused_beyond_the_ceiling():
+    """search_placement runs the program in both forms (``ar.rebuild``); a stand-in program whose
+    rebuild form bootstraps once where the plain form does twice. Its one bootstrap is of a value
+    of ``size``: chosen at 2, refused at 50 (beyond the flat bound 16 and the plain form's 2)."""
+    from fhe.ckks.placement import search_placement
+
+    x = np.linspace(0.5, 1.0, 4)
+
+    def program(size: float):
+        def run(ar):
+            with ar.stage("s"):
+                v = ar.lincomb([ar.encode(x)], [1.0])
+                if ar.rebuild:  # one chain: renewed once, at |v| <= size
+                    v = ar.lincomb([v], [size])
+                    for _ in range(5):
+                        v = ar.mul(v, ar.encode(np.ones(4)))
+                    return ar.square(v)
+                a, b = ar.lincomb([v], [2.0]), ar.lincomb([v], [1.5])  # two, each renewed
+                for _ in range(4):
+                    a, b = ar.mul(a, ar.encode(np.ones(4))), ar.mul(b, ar.encode(np.ones(4)))
+                return ar.mul(ar.square(a), ar.square(b))
+
+        return run
+
+    small, large = (
+        search_placement(program(2.0), DEPTH, 16.0),
+        search_placement(program(50.0), DEPTH, 16.0),
+    )
+    assert (small.rebuild, small.bootstraps) == (True, 1)
+    assert (large.rebuild, large.bootstraps) == (False, 2)
+    plain = count_bootstraps(program(50.0), DEPTH, {})
+    assert max(plain.bootstrap_peaks) <= 2.0 and len(plain.bootstraps) == 2

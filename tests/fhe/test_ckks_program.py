@@ -38,6 +38,38 @@ def test_goldschmidt_meets_its_error_bound_and_the_closed_form():
     )  # n is minimal
 
 
+def test_goldschmidt_with_rebuild_renews_one_value_per_cut_and_keeps_the_closed_form():
+    """With ``rebuild``, where a bootstrapping engine would renew y and e together, y alone is
+    renewed and e is rebuilt as 1 − a·y: the same closed form (exact arithmetic) and fewer
+    bootstraps than the plain iteration (written out here with the same bookkeeping: at its cut
+    y and 1 + e, then e again), for one level more at the end."""
+    a_np = np.linspace(0.1, 1.9, 64)
+    n, depth = 8, 5
+
+    def plain(ar, a):  # the iteration without the rebuild: both values renewed just in time
+        e = ar.add_scalar(ar.neg(a), 1.0)
+        y = ar.add_scalar(e, 1.0)
+        for _ in range(n):
+            e = ar.square(e)
+            y = ar.mul(y, ar.add_scalar(e, 1.0))
+        return y
+
+    ours = ClearArith(max_depth=depth, bootstrap=True, rebuild=True)
+    theirs, unasked = (ClearArith(max_depth=depth, bootstrap=True) for _ in range(2))
+    y = A.goldschmidt_reciprocal(ours, ours.encode(a_np), n)
+    y_plain = plain(theirs, theirs.encode(a_np))
+    A.goldschmidt_reciprocal(unasked, unasked.encode(a_np), n)  # without rebuild: the plain form
+    assert unasked.bootstraps == theirs.bootstraps
+    np.testing.assert_allclose(a_np * y.data, 1 - (1 - a_np) ** (2 ** (n + 1)), atol=1e-12)
+    assert (len(ours.bootstraps), len(theirs.bootstraps)) == (1, 3)
+    assert y.level == y_plain.level + 1
+    shallow = ClearArith(max_depth=None, rebuild=True)  # no bootstraps (TenSEAL): plain, always
+    assert A.goldschmidt_reciprocal(shallow, shallow.encode(a_np), n).level == n + 1
+    ref = ClearArith()
+    plain(ref, ref.encode(a_np))
+    assert shallow.summary()["op_counts"] == ref.summary()["op_counts"]
+
+
 def test_goldschmidt_rejects_bad_intervals():
     with pytest.raises(A.ApproximationError, match="positive interval"):
         A.goldschmidt_iterations(0.0, 1.0, 1e-2, 20)

@@ -13,7 +13,9 @@ Planning (before any key exists), from clear packed runs of the program:
    would not fit is bootstrapped, once (in place), and an exhausted value is bootstrapped before it
    is rotated, not each rotated copy after; and, where a search over clear runs finds it saves
    bootstraps (:mod:`fhe.ckks.placement`), a stage's inputs are renewed as the stage begins
-   (``entry_levels``, kept in the plan: the server places its bootstraps by the same rule). One
+   (``entry_levels``, kept in the plan: the server places its bootstraps by the same rule), and
+   whether Goldschmidt's 1/x renews its iterate alone and rebuilds its error term (``rebuild``,
+   kept in the plan too: :func:`fhe.ckks.placement.search_placement`). One
    level is kept below each bootstrap: OpenFHE bootstraps only a ciphertext with a level left. The
    count and the stage of each bootstrap are in the report;
 3. the largest |value| the calibration samples bring to each bootstrap: OpenFHE's error is the
@@ -47,7 +49,7 @@ from fhe.backends import register_backend
 from fhe.ckks.arith import ClearArith, Val
 from fhe.ckks.openfhe.engine import OpenFheArith, WorkerProcess
 from fhe.ckks.packed import PackedProgram, check_packed, min_slots
-from fhe.ckks.placement import search_entry_levels
+from fhe.ckks.placement import search_placement
 from fhe.ckks.planner import DepthError
 from fhe.ckks.program import PolyProgram, build_program
 from fhe.ckks.serialize import load_program, save_program
@@ -128,6 +130,9 @@ class OpenFhePlan:
     # the bootstrap's baby steps (BOOTSTRAP_BABY_STEPS); (0, 0), OpenFHE's own choice, in artifacts
     # planned before they were chosen: their keys were made with it
     baby_steps: tuple[int, int] = (0, 0)
+    # Goldschmidt renews y alone and rebuilds e (fhe.ckks.placement.search_placement); False in
+    # artifacts planned before: the plain iteration, as they were planned
+    rebuild: bool = False
 
     @property
     def poly_modulus_degree(self) -> int:
@@ -178,7 +183,7 @@ class OpenFhePlan:
 
     def arith(self, worker: WorkerProcess) -> OpenFheArith:
         """The server's arithmetic for one query: this plan's depth and bootstrap placement."""
-        return OpenFheArith(worker, self.arith_depth, dict(self.entry_levels))
+        return OpenFheArith(worker, self.arith_depth, dict(self.entry_levels), self.rebuild)
 
 
 def bootstraps_per_stage(tags) -> dict[str, int]:
@@ -204,13 +209,19 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
     packed.clear(calib_x[:1], unbounded)
     after, depth = chain_at_128_bits()
     arith_depth = after - 1  # OpenFhePlan.arith_depth
-    entry = search_entry_levels(
-        lambda ar: packed.clear(calib_x[:SEARCH_SAMPLES], ar), arith_depth, FLAT_ERROR_BOUND
+    placement = search_placement(
+        lambda ar: packed.clear(calib_x[:1], ar),  # the count: the program's, on any sample
+        arith_depth,
+        FLAT_ERROR_BOUND,
+        check=lambda ar: packed.clear(calib_x[:SEARCH_SAMPLES], ar),
     )
+    entry = placement.entry_levels
     peaks: list[float] = []
     summary: dict = {}
     for sample in calib_x[:PLAN_SAMPLES]:
-        ar = ClearArith(max_depth=arith_depth, bootstrap=True, entry_levels=entry)
+        ar = ClearArith(
+            max_depth=arith_depth, bootstrap=True, entry_levels=entry, rebuild=placement.rebuild
+        )
         packed.clear(sample[None], ar)
         summary = ar.summary()
         new = ar.bootstrap_peaks  # the same bootstraps for every sample: one program
@@ -231,6 +242,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         peaks=tuple(round(p, 4) for p in peaks),
         rotation_steps=tuple(summary["rotation_steps"]),
         entry_levels=tuple(entry.items()),
+        rebuild=placement.rebuild,
     )
     return plan, summary
 
@@ -374,6 +386,7 @@ class OpenFheBackend:
             "bootstraps": len(plan.bootstrap_tags),
             "bootstraps_per_stage": bootstraps_per_stage(plan.bootstrap_tags),
             "bootstrap_entry_levels": dict(plan.entry_levels),
+            "goldschmidt_rebuild": plan.rebuild,
             "bootstrap_input_peaks": list(plan.peaks),
             "bootstraps_beyond_flat_error": sum(p > FLAT_ERROR_BOUND for p in plan.peaks),
             "client_assisted_refresh": False,

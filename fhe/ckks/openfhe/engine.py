@@ -167,9 +167,13 @@ class OpenFheArith(Arith):
     bootstrapped there (counted as ``bootstrap``), never sent back to the client."""
 
     def __init__(
-        self, worker: WorkerProcess, max_depth: int, entry_levels: Mapping[str, int] | None = None
+        self,
+        worker: WorkerProcess,
+        max_depth: int,
+        entry_levels: Mapping[str, int] | None = None,
+        rebuild: bool = False,
     ) -> None:
-        super().__init__(max_depth, bootstrap=True, entry_levels=entry_levels)
+        super().__init__(max_depth, bootstrap=True, entry_levels=entry_levels, rebuild=rebuild)
         self.worker = worker
 
     def _op(self, op: str, blobs: tuple[bytes, ...] = (), **fields) -> Ciphertext:
