@@ -26,10 +26,35 @@ class TokenBatchNorm(nn.BatchNorm1d):
         return a, self.bias - self.running_mean * a
 
 
+class RangedLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (the same parameters and checkpoint keys) that, while training tracks
+    ranges, records the norm range loss: max(0, log max σ² − log min σ² − log κ) over the batch's
+    positions, σ² + eps each (κ: ``range_threshold`` holds log κ).
+
+    Under CKKS a LayerNorm's 1/√(σ² + eps) runs Newton-type steps over the calibrated interval of
+    σ² + eps, and the steps grow with its max/min ratio (fhe.ckks.approx.invsqrt_plan: 1 step for
+    a ratio within about 5x after the compiler's margin, 3 for 40x). The hinge keeps the ratio
+    near κ, as the PowerSoftmax paper's range losses keep the attention scores and activation
+    inputs in a polynomial's interval (its Alg. 1); issue 28's 2-block model went from 2-4 steps
+    per norm to 1 with κ = 3 (benchmarks/results/ckks_deep.md)."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__(d_model)
+        self.track_range = False
+        self.range_threshold = 0.0  # log κ
+        self.last_range: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.track_range:
+            log_var = torch.log(x.var(-1, unbiased=False) + self.eps)
+            self.last_range = (log_var.max() - log_var.min() - self.range_threshold).clamp_min(0)
+        return super().forward(x)
+
+
 def make_norm(config: TransformerConfig) -> nn.Module:
     """LayerNorm, foldable BatchNorm, or identity when ``norm=none`` (no encrypted 1/√var)."""
     if config.norm is NormKind.LAYERNORM:
-        return nn.LayerNorm(config.d_model)
+        return RangedLayerNorm(config.d_model)
     if config.norm is NormKind.BATCHNORM:
         return TokenBatchNorm(config.d_model)
     return nn.Identity()

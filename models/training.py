@@ -15,7 +15,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from models.attention.power_softmax import activation_range_loss, range_loss, set_range_tracking
+from models.attention.power_softmax import (
+    activation_range_loss,
+    norm_range_loss,
+    range_loss,
+    set_range_tracking,
+)
 from models.config import TransformerConfig
 from models.progress import progress_bar
 from models.tasks import Metric, TaskData, score
@@ -40,11 +45,19 @@ class TrainConfig:
         0.0  # hinge: penalise max |score| only beyond this (0: Eq. 9 as printed)
     )
     act_range_threshold: float = 0.0
+    # LayerNorm variance spread (models.layers.RangedLayerNorm): hinge beyond max/min = ratio
+    norm_range_loss_weight: float = 0.0  # 0 disables
+    norm_range_ratio: float = 3.0
     grad_clip: float = 1.0
 
     def __post_init__(self) -> None:
         if self.epochs < 0 or self.batch_size < 1 or self.lr <= 0:
             raise ValueError(f"invalid training configuration: {self}")
+        if self.norm_range_ratio <= 1:
+            raise ValueError(
+                "norm_range_ratio is a max/min ratio of variances: > 1, got "
+                f"{self.norm_range_ratio}"
+            )
 
 
 @dataclass
@@ -107,8 +120,17 @@ def train(
         opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
     )
     loss_fn = task.loss_fn()
-    use_range = train_config.range_loss_weight > 0 or train_config.act_range_loss_weight > 0
-    thresholds = (train_config.range_threshold, train_config.act_range_threshold)
+    weights = (
+        train_config.range_loss_weight,
+        train_config.act_range_loss_weight,
+        train_config.norm_range_loss_weight,
+    )
+    use_range = any(w > 0 for w in weights)
+    thresholds = (
+        train_config.range_threshold,
+        train_config.act_range_threshold,
+        train_config.norm_range_ratio,
+    )
     set_range_tracking(model, use_range, *thresholds)
     history: list[dict] = []
     bar = progress_bar(
@@ -132,6 +154,7 @@ def train(
                     loss
                     + train_config.range_loss_weight * range_loss(model)
                     + train_config.act_range_loss_weight * activation_range_loss(model)
+                    + train_config.norm_range_loss_weight * norm_range_loss(model)
                 )
             opt.zero_grad(set_to_none=True)
             loss.backward()

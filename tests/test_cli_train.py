@@ -177,6 +177,19 @@ def test_a_recipe_fills_the_options_left_at_their_defaults():
     )
     ckks = api.with_recipe(api.TrainRequest(task="digits", recipe="ckks"))
     assert (ckks.attention, ckks.power_p, ckks.ffn_activation) == ("power-softmax", 2, "quad")
+    deep = api.with_recipe(api.TrainRequest(task="digits", recipe="ckks-deep"))
+    assert (deep.norm, deep.norm_range_loss, deep.norm_range_ratio) == ("layernorm", 0.1, 3.0)
+
+
+def test_a_norm_range_ratio_that_is_not_a_ratio_is_a_usage_error(tmp_path):
+    res = CliRunner().invoke(
+        main,
+        [
+            *("train", "--task", "digits", "--norm", "layernorm", "--norm-range-loss", "0.1"),
+            *("--norm-range-ratio", "0.5", "--epochs", "1", "-o", str(tmp_path / "m.pt")),
+        ],
+    )
+    assert res.exit_code == 2 and "norm_range_ratio" in res.output and "> 1" in res.output
 
 
 def test_a_recipe_that_does_not_exist_is_a_usage_error(tmp_path):

@@ -37,7 +37,9 @@ SHALLOW_POLYNOMIAL = dict(
     power_eps=1.0,
 )
 # the PowerSoftmax paper's recipe (length-agnostic, LayerNorm, polynomial GELU, hinge range losses):
-# deeper than one chain, so the OpenFHE engine bootstraps it on the server (`--engine auto`)
+# deeper than one chain, so the OpenFHE engine bootstraps it on the server (`--engine auto`); the
+# norm range loss keeps each LayerNorm's input variances within 3x (one Newton step for 1/sqrt
+# instead of 2-4: issue 28's 2-block model 22 -> 17 bootstraps, benchmarks/results/ckks_deep.md)
 POLYNOMIAL_GELU = dict(
     attention="power-softmax",
     norm="layernorm",
@@ -48,6 +50,8 @@ POLYNOMIAL_GELU = dict(
     range_threshold=1.0,
     act_range_loss=0.05,
     act_range_threshold=3.0,
+    norm_range_loss=0.1,
+    norm_range_ratio=3.0,
 )
 # text: 512 words pooled on the client into 16 segments of width 8 (models/text.py)
 TEXT_FRONT_END = dict(words=512, seq_len=16, d_model=8, epochs=20, lr=1e-2)
@@ -75,7 +79,7 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     # make demo's CKKS model: depth 10, one packed query at N = 16384
     # (benchmarks/results/ckks_packed_digits_quad-batchnorm.md)
     ("digits", Recipe.CKKS): dict(**SHALLOW_POLYNOMIAL, d_model=16, heads=2, epochs=120),
-    # 2 blocks at depth 88: 22 bootstraps per query (benchmarks/results/ckks_deep.md)
+    # 2 blocks at depth 72: 17 bootstraps per query (benchmarks/results/ckks_deep.md)
     ("digits", Recipe.CKKS_DEEP): dict(**POLYNOMIAL_GELU, d_model=16, heads=2, layers=2, epochs=40),
     # text (docs/text.md, benchmarks/results/text.md)
     # V⁺ into the Inhibitor's ReLU lookups (quant.QuantConfig.inhibitor_positive_v): one review

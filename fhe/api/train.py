@@ -192,6 +192,15 @@ class TrainRequest:
         0.0,
         "Hinge for the activation range loss.",
     )
+    norm_range_loss: float = option_field(
+        0.0,
+        "Weight of the LayerNorm range loss (the spread of its input variances beyond "
+        "--norm-range-ratio; fewer Newton steps for the CKKS 1/sqrt, hence fewer bootstraps).",
+    )
+    norm_range_ratio: float = option_field(
+        3.0,
+        "LayerNorm range loss: the max/min ratio of input variances it allows.",
+    )
     init_path: Path | None = option_field(
         None,
         "Start from this model.pt (e.g. range-minimisation fine-tuning, PowerSoftmax Alg. 1 "
@@ -489,6 +498,8 @@ def _training_setup(req: TrainRequest):
             act_range_loss_weight=req.act_range_loss,
             range_threshold=req.range_threshold,
             act_range_threshold=req.act_range_threshold,
+            norm_range_loss_weight=req.norm_range_loss,
+            norm_range_ratio=req.norm_range_ratio,
         )
     except ValueError as exc:
         raise BadOptionError(str(exc)) from exc

@@ -12,6 +12,7 @@ from models.attention import functional as AF
 from models.attention.base import MultiHeadAttention
 from models.attention.registry import register_attention
 from models.config import AttentionKind, PowerForm, TransformerConfig
+from models.layers import FeedForward, RangedLayerNorm
 
 
 @register_attention(AttentionKind.POWER_SOFTMAX)
@@ -62,36 +63,48 @@ class PowerSoftmaxAttention(MultiHeadAttention):
         return attn @ v  # (B, nh, T, dh)
 
 
-def _sum_ranges(model: torch.nn.Module, attention: bool) -> Tensor:
-    recorders: list[Any] = [
-        m
-        for m in model.modules()
-        if hasattr(m, "last_range") and isinstance(m, MultiHeadAttention) == attention
-    ]
-    terms = [m.last_range for m in recorders if m.last_range is not None]
+def _sum_ranges(model: torch.nn.Module, kind: type) -> Tensor:
+    recorders: list[Any] = [m for m in model.modules() if isinstance(m, kind)]
+    terms: list[Tensor] = [m.last_range for m in recorders if m.last_range is not None]
     return torch.stack(terms).sum() if terms else torch.zeros(())
 
 
 def range_loss(model: torch.nn.Module) -> Tensor:
     """L_PowerSoftmax (Eq. 9): the sum over attention layers of max |score| over heads (the
     PowerSoftmax layers; softmax's too, whose exp is a polynomial on that interval under CKKS)."""
-    return _sum_ranges(model, attention=True)
+    return _sum_ranges(model, MultiHeadAttention)
 
 
 def activation_range_loss(model: torch.nn.Module) -> Tensor:
     """The activation range loss (Alg. 1 step 2, after Zimerman et al.): the sum over FFN
     activations of max |input|, which narrows the interval (hence the degree) of the polynomial
     activation."""
-    return _sum_ranges(model, attention=False)
+    return _sum_ranges(model, FeedForward)
+
+
+def norm_range_loss(model: torch.nn.Module) -> Tensor:
+    """The norm range loss: the sum over LayerNorms of the hinge on their input variances' spread
+    (:class:`models.layers.RangedLayerNorm`), which narrows the interval (hence the Newton steps)
+    of the encrypted 1/√σ²."""
+    return _sum_ranges(model, RangedLayerNorm)
 
 
 def set_range_tracking(
-    model: torch.nn.Module, enabled: bool, threshold: float = 0.0, act_threshold: float = 0.0
+    model: torch.nn.Module,
+    enabled: bool,
+    threshold: float = 0.0,
+    act_threshold: float = 0.0,
+    norm_ratio: float = 1.0,
 ) -> None:
     """Record ranges on the next forward; thresholds turn the losses into hinges (see
-    power_softmax_range)."""
+    power_softmax_range); ``norm_ratio`` is the LayerNorm variance ratio κ the norm hinge allows."""
     trackers: list[Any] = [m for m in model.modules() if hasattr(m, "track_range")]
     for m in trackers:
         m.track_range = enabled
-        m.range_threshold = threshold if isinstance(m, MultiHeadAttention) else act_threshold
+        if isinstance(m, MultiHeadAttention):
+            m.range_threshold = threshold
+        elif isinstance(m, RangedLayerNorm):
+            m.range_threshold = math.log(norm_ratio)
+        else:
+            m.range_threshold = act_threshold
         m.last_range = None

@@ -353,3 +353,29 @@ def test_program_files_round_trip_without_pickle(tmp_path):
     (tmp_path / "program.json").write_text('{"format": "something else"}')
     with pytest.raises(ValueError, match="not a CKKS program"):
         load_program(tmp_path)
+
+
+def test_the_norm_range_loss_narrows_the_variance_intervals_and_cuts_newton_steps():
+    """Trained with the norm range loss (κ = 2), a LayerNorm model's calibrated variance intervals
+    (max/min) are all narrower than any of the same training's without it, so its encrypted 1/√
+    takes fewer Newton steps (issue 28's 2-block model: 2-3 per norm to 1, in ckks_deep.md)."""
+    from fhe import api
+
+    def trained(weight: float) -> tuple[list[float], int]:
+        request = api.TrainRequest(
+            task="digits",
+            **dict(d_model=8, heads=1, layers=1, epochs=4, limit=512),
+            **dict(attention="power-softmax", power_form="length-agnostic", power_eps=0.05),
+            **dict(norm="layernorm", ffn_activation="gelu"),
+            **dict(norm_range_loss=weight, norm_range_ratio=2.0),
+        )
+        outcome = api.train_model(request, progress=False)
+        program = build_program(outcome.model.double().eval(), outcome.data.x_train[:256].double())
+        norms = [op for op in program.ops.values() if op["kind"] == "invsqrt"]
+        ratios = [hi / lo for lo, hi in (op["calibrated"] for op in norms)]
+        return ratios, sum(op["iterations"] for op in norms)
+
+    (plain, plain_steps), (ranged, ranged_steps) = trained(0.0), trained(1.0)
+    assert len(plain) == len(ranged) == 3  # two norms in the block, the final one
+    assert max(ranged) < min(plain)
+    assert ranged_steps < plain_steps

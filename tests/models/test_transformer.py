@@ -9,9 +9,11 @@ from models.attention.inhibitor import InhibitorAttention
 from models.attention.power_softmax import (
     PowerSoftmaxAttention,
     activation_range_loss,
+    norm_range_loss,
     range_loss,
     set_range_tracking,
 )
+from models.layers import FeedForward, RangedLayerNorm
 from models.training import load_checkpoint, save_checkpoint
 
 KINDS = list(AttentionKind)
@@ -88,10 +90,46 @@ def test_softmax_scores_join_the_range_loss_as_their_naive_maximum():
     ]
     expected = sum(max(m - 0.5, 0.0) for m in per_sample) / 3
     assert range_loss(model).item() == pytest.approx(expected, rel=1e-5)
-    ffn = [m for m in model.modules() if hasattr(m, "last_range") and m is not attn]
+    ffn = [m for m in model.modules() if isinstance(m, FeedForward)]
     assert activation_range_loss(model).item() == pytest.approx(  # the FFN's alone
         sum(m.last_range.item() for m in ffn)
     )
+
+
+def test_the_norm_range_loss_is_the_hinge_on_the_spread_of_layernorm_input_variances():
+    """Per LayerNorm, log(max σ²) − log(min σ²) over the batch's positions (σ² + eps each, computed
+    here by hand from the norm's own input) less log κ, clamped at 0, summed over the norms; the
+    other range losses leave the norms out, and the module keeps nn.LayerNorm's checkpoint keys."""
+    import math
+
+    model = make(AttentionKind.POWER_SOFTMAX, n_layers=2, norm="layernorm")
+    norms = [m for m in model.modules() if isinstance(m, RangedLayerNorm)]
+    assert len(norms) == 5  # two per block and the final one
+    seen: dict[int, torch.Tensor] = {}
+
+    def keep(i: int):
+        def hook(_module, args) -> None:  # returns None: the input goes on unchanged
+            seen.setdefault(i, args[0].detach())
+
+        return hook
+
+    for i, m in enumerate(norms):
+        m.register_forward_pre_hook(keep(i))
+    set_range_tracking(model, True, norm_ratio=2.0)
+    model(torch.randn(3, 8, 8) * torch.linspace(0.2, 3.0, 8)[None, :, None])
+    expected = 0.0
+    for i in range(len(norms)):
+        x = seen[i]
+        var = [float(x[b, t].var(unbiased=False)) + 1e-5 for b in range(3) for t in range(8)]
+        expected += max(math.log(max(var)) - math.log(min(var)) - math.log(2.0), 0.0)
+    loss = norm_range_loss(model)
+    assert expected > 0 and loss.item() == pytest.approx(expected, rel=1e-5)
+    assert activation_range_loss(model).item() == pytest.approx(
+        sum(m.last_range.item() for m in model.modules() if isinstance(m, FeedForward))
+    )
+    loss.backward()
+    assert model.blocks[0].mixer.q_proj.weight.grad is not None  # it trains what feeds the norms
+    assert set(RangedLayerNorm(8).state_dict()) == set(torch.nn.LayerNorm(8).state_dict())
 
 
 def test_power_softmax_inference_form_matches_training_form_when_eps_is_zero():
