@@ -109,7 +109,7 @@ class Arith:
         """The operand of a product: refreshed first when one more level would not fit the chain."""
         v = self._enter(v)
         self.level_in[self.tag] = max(self.level_in.get(self.tag, 0), v.level)
-        if self.max_depth is None or v.level + 1 <= self.max_depth:
+        if self._fits(v):
             return v
         if self.bootstrap:
             return self._bootstrap_in_place(v)
@@ -126,10 +126,14 @@ class Arith:
         )  # in place: every later use sees the fresh ciphertext
         return v
 
+    def _fits(self, v: Val) -> bool:
+        """Whether one more product on ``v`` fits the chain."""
+        return self.max_depth is None or v.level + 1 <= self.max_depth
+
     def spent(self, v: Val) -> bool:
         """Whether a product on ``v`` would bootstrap it first (bootstrapping engines only: with one
         chain or client refreshes, never)."""
-        return self.bootstrap and self.max_depth is not None and v.level + 1 > self.max_depth
+        return self.bootstrap and not self._fits(v)
 
     def renew(self, v: Val) -> Val:
         """``v`` bootstrapped now, in place (a program that knows it can rebuild a companion value

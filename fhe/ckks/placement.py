@@ -107,17 +107,16 @@ def search_entry_levels(
         return {}
     if ceiling is None:
         ceiling = max(flat_bound, *first.bootstrap_peaks)
-    refused = 10 * len(first.bootstraps) + 1  # worse than any placement within the ceiling
     stages = list(first.counts)  # every stage tag, in the order the program first entered it
 
-    seen: dict[frozenset, int] = {}  # descents revisit placements: the count is deterministic
+    seen: dict[frozenset, float] = {}  # descents revisit placements: the count is deterministic
 
-    def count(entry: dict[str, int]) -> int:
+    def count(entry: dict[str, int]) -> float:  # inf: refused (beyond the ceiling)
         key = frozenset(entry.items())
         if key not in seen:
             ar = count_bootstraps(run, max_depth, entry, rebuild)
             within = max(ar.bootstrap_peaks, default=0.0) <= ceiling
-            seen[key] = len(ar.bootstraps) if within else refused
+            seen[key] = len(ar.bootstraps) if within else math.inf
         return seen[key]
 
     def within(entry: dict[str, int]) -> bool:  # on the check samples too
@@ -126,7 +125,7 @@ def search_entry_levels(
         ar = count_bootstraps(check, max_depth, entry, rebuild)
         return max(ar.bootstrap_peaks, default=0.0) <= ceiling
 
-    best: float = refused + 1
+    best = math.inf
     chosen: dict[str, int] = {}
     starts: list[dict[str, int]] = [{}, *(dict.fromkeys(stages, k) for k in range(max_depth))]
     for start in starts:
@@ -137,7 +136,7 @@ def search_entry_levels(
 
 
 def _descend(
-    count: Callable[[dict[str, int]], int],
+    count: Callable[[dict[str, int]], float],
     within: Callable[[dict[str, int]], bool],
     stages: list[str],
     max_depth: int,
