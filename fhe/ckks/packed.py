@@ -281,8 +281,12 @@ class PackedProgram:
         self, ar: Arith, rot: Rotations, tag: str, h: Affine, width: int, eps: float = 1e-5
     ) -> Affine:
         """(x − μ)/√(σ² + eps) per position, as the batch program: the centring and the variance are
-        position-wise maps (2·stride − 1 diagonals), 1/√ by Newton-type steps from the
-        calibrated guess."""
+        position-wise maps (2·stride − 1 diagonals), 1/√ by the plan's cubic (at most) or by
+        Newton-type steps from the calibrated guess. The variance z is never made on its own:
+        every c·z + b the approximation takes (the cubic's coefficients, Newton's guess and each
+        step's −b·z) is a variance map of d² with c in its weights, at z's level: one level fewer
+        per norm with Newton (:func:`fhe.ckks.approx.newton_invsqrt_affine`), two with the cubic
+        (:meth:`scaled_invsqrt`)."""
         op, T = self.program.ops[f"{tag}.invsqrt"], self.T
         V, lay = op["scale"], self.layout(width)  # z = (σ² + eps)/V lies in (0, 1]
         mean = np.kron(np.eye(T), np.ones((width, width)) / width)
@@ -290,18 +294,38 @@ class PackedProgram:
             d = self.materialize(
                 ar, rot, f"{tag}.centre", h.apply(np.eye(T * width) - mean), lay
             ).val
-            var = self.map_of((tag, "variance"), mean / V, lay, lay)
-            z = apply_maps(
-                ar,
-                [(ar.square(d), var)],
-                self.placed((tag, "eps"), np.full(T * width, eps / V), lay),
-                rot,
-                self.n_slots,
-            )
-            normed = ar.mul(
-                d, A.newton_invsqrt(ar, z, tuple(op["guess"]), A.op_steps(op))
-            )  # (x − μ)·√V/σ
+            squares = ar.square(d)
+            made: dict[tuple[float, float], Val] = {}
+
+            def z(c: float, b: float) -> Val:  # c·z + b = (c/V)·mean(d²) + c·eps/V + b, made once
+                if (c, b) not in made:
+                    made[c, b] = apply_maps(
+                        ar,
+                        [(squares, self.map_of((tag, "variance", c), c * mean / V, lay, lay))],
+                        self.placed((tag, "eps", c, b), np.full(T * width, c * eps / V + b), lay),
+                        rot,
+                        self.n_slots,
+                    )
+                return made[c, b]
+
+            if "poly" in op:
+                normed = self.scaled_invsqrt(ar, d, z, tuple(op["poly"]))
+            else:
+                y = A.newton_invsqrt_affine(ar, z, tuple(op["guess"]), A.op_steps(op))
+                normed = ar.mul(d, y)  # (x − μ)·√V/σ
         return Affine([(PVec(normed, lay), np.eye(T * width) / np.sqrt(V))], np.zeros(T * width))
+
+    @staticmethod
+    def scaled_invsqrt(ar: Arith, d: Val, z: A.ZAffine, coeffs: tuple[float, ...]) -> Val:
+        """d·p(z) for p = c₀ + c₁z + c₂z² + c₃z³ (degree ≤ 3) as c₀·d + (d·z)·(c₁ + c₂z + c₃z²),
+        each cₖ folded into z's map: two levels above z (d·p(z) after p would take three)."""
+        c = (*coeffs, 0.0, 0.0, 0.0)[:4]
+        if len(coeffs) <= 2:  # d·(c₀ + c₁z): one product
+            return ar.mul(d, z(c[1], c[0]))
+        q = z(c[2], c[1])  # c₁ + c₂z
+        if c[3] != 0:
+            q = ar.add(q, ar.mul(z(c[3], 0.0), z(1.0, 0.0)))  # + c₃z²
+        return ar.add(ar.lincomb([d], [c[0]]), ar.mul(ar.mul(d, z(1.0, 0.0)), q))
 
     def _ffn(self, ar: Arith, rot: Rotations, tag: str, key: str, x: Affine) -> Affine:
         w, T, cfg = self.program.weights, self.T, self.program.config

@@ -155,16 +155,18 @@ class PolyProgram:
             }
         if kind == "invsqrt":
             lo_w, hi_w = A.widen(lo, hi, ap.margin, positive=True)
-            guess, steps = A.invsqrt_plan(lo_w / hi_w, 1.0, ap.invsqrt_tol, ap.max_iterations)
-            return {
+            common = {
                 "kind": kind,
                 "calibrated": [lo, hi],
                 "scale": hi_w,
                 "interval": [lo_w / hi_w, 1.0],
-                "iterations": len(steps),
-                "guess": guess,
-                "steps": steps,
             }
+            poly = A.invsqrt_poly(lo_w / hi_w, 1.0, ap.invsqrt_tol)
+            if poly is not None:  # a narrow interval: a cubic at most, a level fewer
+                coeffs, error = poly
+                return {**common, "poly": coeffs, "degree": len(coeffs) - 1, "max_error": error}
+            guess, steps = A.invsqrt_plan(lo_w / hi_w, 1.0, ap.invsqrt_tol, ap.max_iterations)
+            return {**common, "iterations": len(steps), "guess": guess, "steps": steps}
         lo_w, hi_w = A.widen(lo, hi, ap.margin)
         fitter = {
             "gelu": A.gelu_fit,
@@ -197,9 +199,10 @@ class PolyProgram:
         return out.apply(np.diag(gamma), beta)
 
     def _layernorm(self, ar: Arith, tag: str, h: Affine, width: int, eps: float = 1e-5) -> Affine:
-        """(x − μ)/√(σ² + eps) per position; 1/√ by Newton-type steps on the calibrated variance
-        interval. The centring is a clear linear map folded into ``h``, scaled by s = 1/√(width·V)
-        so that z = Σ d² + eps/V needs no product of its own: d at one level, z at two."""
+        """(x − μ)/√(σ² + eps) per position; 1/√ by a polynomial of degree ≤ 3 where one meets the
+        tolerance on the calibrated variance interval, else by Newton-type steps. The centring is a
+        clear linear map folded into ``h``, scaled by s = 1/√(width·V) so that z = Σ d² + eps/V
+        needs no product of its own: d at one level, z at two."""
         name = f"{tag}.invsqrt"
         calibrating = self._calibrating(name, ar)
         op = self.ops.get(name, {})
@@ -216,6 +219,8 @@ class PolyProgram:
                 self._observe(ar, name, [z])
                 if calibrating:
                     y = Val(1 / np.sqrt(z.data), z.level)
+                elif "poly" in op:
+                    y = A.poly_eval(ar, z, tuple(op["poly"]))
                 else:
                     y = A.newton_invsqrt(ar, z, tuple(op["guess"]), A.op_steps(op))
                 normed += [ar.mul(dc, y) for dc in dt]  # s·(x − μ)·√V/σ

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fhe.ckks import ApproxConfig, ClearArith, PolynomialError, build_program
+from fhe.ckks import approx as A
 from fhe.ckks.backend_packed import PackedClient, PackedServer
 from fhe.ckks.mixers import PACKED_LOWERINGS
 from fhe.ckks.packed import PackedProgram, min_slots
@@ -117,6 +118,35 @@ def test_packed_clear_program_equals_the_batch_program(overrides):
     program = build_program(model, x)
     packed = PackedProgram(program, 4096)
     np.testing.assert_allclose(packed.clear(x[:6]), program.clear(x[:6]), atol=1e-9)
+
+
+@pytest.mark.parametrize("approximation", ["cubic", "newton"])
+def test_packed_layernorm_equals_the_batch_program_with_either_approximation(approximation):
+    """A LayerNorm model's packed program (1/√ folded into the variance maps) against the batch
+    program, with a cubic (least squares on the norm's interval) and with Newton's steps; the
+    cubic's packed norm takes 5 levels from its input (centring, square, variance maps, d·p(z) in
+    two)."""
+    model = tiny(norm="layernorm", seq_len=5)
+    x = np.random.default_rng(1).normal(size=(40, 5, model.config.in_features))
+    program = build_program(model, x)
+    for name, op in program.ops.items():
+        if op["kind"] != "invsqrt":
+            continue
+        op = {k: v for k, v in op.items() if k not in ("poly", "degree", "guess", "steps")}
+        if approximation == "cubic":
+            z = np.geomspace(*op["interval"], 512)
+            op["poly"] = tuple(np.polynomial.polynomial.polyfit(z, 1 / np.sqrt(z), 3))
+        else:
+            op["guess"], op["steps"] = A.invsqrt_plan(*op["interval"], 1e-3, 20)
+        program.ops[name] = op
+    norms = [op for op in program.ops.values() if op["kind"] == "invsqrt"]
+    assert all(("poly" in op) == (approximation == "cubic") for op in norms) and norms
+    packed = PackedProgram(program, 4096)
+    np.testing.assert_allclose(packed.clear(x[:6]), program.clear(x[:6]), atol=1e-9)
+    ar = ClearArith()
+    packed.clear(x[:1], ar)
+    if approximation == "cubic":
+        assert ar.level_out["block0.norm1"] == 5
 
 
 INHIBITOR_CASES = {

@@ -18,6 +18,7 @@ from fhe.ckks import (
     build_program,
 )
 from fhe.ckks import approx as A
+from fhe.ckks.packed import PackedProgram
 from fhe.ckks.planner import DepthError, max_depth, plan_parameters
 from fhe.ckks.program import PolyProgram, float_inference_form
 
@@ -106,6 +107,41 @@ def test_minimax_steps_beat_newton_and_cost_two_levels_each():
         A.invsqrt_plan(1e-6, 1.0, 1e-3, 2)
 
 
+def test_invsqrt_polynomial_is_the_lowest_degree_within_the_tolerance():
+    """The LP's polynomial against 1/√z computed directly on a grid 25x finer than the LP's."""
+    z = np.geomspace(0.228, 1.0, 50001)  # the 2-block recipe model's widened variance interval
+    for tol, degree in ((1e-2, 3), (3e-2, 2)):
+        coeffs, error = A.invsqrt_poly(0.228, 1.0, tol)
+        relative = np.abs(np.polynomial.polynomial.polyval(z, coeffs) * np.sqrt(z) - 1)
+        assert len(coeffs) - 1 == degree and relative.max() <= tol
+        assert relative.max() == pytest.approx(error, rel=1e-3)
+    assert A.invsqrt_poly(0.02, 1.0, 1e-2) is None  # a 50x interval: Newton's steps instead
+
+
+def test_layernorm_approximations_fold_their_weights_into_the_variance_map():
+    """With z known as c·z + b at z's level (a map folds c into its weights), the cubic's
+    d·p(z) sits 2 levels above z and Newton's iterate 2 per step (the guess costs none), against
+    d·p(z) and the Newton iteration computed directly."""
+    rng = np.random.default_rng(0)
+    d, z0 = rng.normal(size=64), rng.uniform(0.3, 1.0, 64)
+
+    def z(c: float, b: float) -> Val:  # as PackedProgram.layernorm's variance maps give it
+        return Val(c * z0 + b, 3)
+
+    coeffs, _ = A.invsqrt_poly(0.228, 1.0, 1e-2)
+    out = PackedProgram.scaled_invsqrt(ClearArith(), Val(d, 1), z, coeffs)
+    np.testing.assert_allclose(out.data, d * np.polynomial.polynomial.polyval(z0, coeffs))
+    assert out.level == 3 + 2
+    guess, steps = A.invsqrt_plan(0.02, 1.0, 1e-2, 20)
+    y = A.newton_invsqrt_affine(ClearArith(), z, guess, steps)
+    naive = guess[0] + guess[1] * z0
+    for a, b in steps:
+        naive = a * naive - b * z0 * naive**3
+    np.testing.assert_allclose(y.data, naive)
+    assert y.level == 3 + 2 * len(steps)
+    assert A.newton_invsqrt(ClearArith(), Val(z0, 3), guess, steps).level == 3 + 1 + 2 * len(steps)
+
+
 def test_gelu_fit_follows_eq10_and_is_close_to_erf_gelu():
     fit = A.gelu_fit(-4.0, 5.0, 1e-2, 31)
     x = np.linspace(-4, 5, 777)
@@ -141,8 +177,26 @@ def test_poly_eval_value_and_depth():
     ar = ClearArith()
     out = A.poly_eval(ar, Val(t), coeffs)
     np.testing.assert_allclose(out.data, np.polynomial.polynomial.polyval(t, coeffs), atol=1e-12)
-    assert out.level == math.ceil(math.log2(8)) + 1  # t⁸ at depth 3, then the clear-weighted sum
+    assert out.level == math.ceil(math.log2(8 + 1))  # the weights ride on the lowest powers
     assert A.power_even(ClearArith(), Val(t), 4).level == 2
+
+
+def test_poly_eval_takes_log2_of_degree_plus_one_levels_for_every_degree():
+    """⌈log₂(deg + 1)⌉ levels, the clear weights included (GELU's degree 9-10: 4 levels, where
+    summing cₖ·tᵏ after the powers takes 5), against numpy's polyval on random coefficients."""
+    rng = np.random.default_rng(0)
+    t = np.linspace(-1, 1, 101)
+    for deg in range(1, 17):
+        coeffs = tuple(rng.normal(size=deg + 1))
+        out = A.poly_eval(ClearArith(), Val(t), coeffs)
+        np.testing.assert_allclose(
+            out.data, np.polynomial.polynomial.polyval(t, coeffs), atol=1e-12
+        )
+        assert out.level == math.ceil(math.log2(deg + 1)), deg
+    sparse = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 3.0, 0.0, 0.0)  # 3t⁹, trailing zeros
+    out = A.poly_eval(ClearArith(), Val(t), sparse)
+    np.testing.assert_allclose(out.data, 3 * t**9, atol=1e-12)
+    assert out.level == 4
 
 
 # ------------------------------------------------------------------------------ levels
@@ -355,10 +409,16 @@ def test_program_files_round_trip_without_pickle(tmp_path):
         load_program(tmp_path)
 
 
+def levels_above_z(op: dict) -> int:
+    """The levels a packed LayerNorm takes from its variance z to its output: d·p(z) with the
+    cubic 2, else the guess at z's level, 2 per Newton step and the product with d."""
+    return 2 if "poly" in op else 2 * op["iterations"] + 1
+
+
 def test_the_norm_range_loss_narrows_the_variance_intervals_and_cuts_newton_steps():
     """Trained with the norm range loss (κ = 2), a LayerNorm model's calibrated variance intervals
     (max/min) are all narrower than any of the same training's without it, so its encrypted 1/√
-    takes fewer Newton steps (issue 28's 2-block model: 2-3 per norm to 1, in ckks_deep.md)."""
+    takes fewer levels (issue 28's 2-block model: 2-3 Newton steps per norm to a cubic)."""
     from fhe import api
 
     def trained(weight: float) -> tuple[list[float], int]:
@@ -373,7 +433,7 @@ def test_the_norm_range_loss_narrows_the_variance_intervals_and_cuts_newton_step
         program = build_program(outcome.model.double().eval(), outcome.data.x_train[:256].double())
         norms = [op for op in program.ops.values() if op["kind"] == "invsqrt"]
         ratios = [hi / lo for lo, hi in (op["calibrated"] for op in norms)]
-        return ratios, sum(op["iterations"] for op in norms)
+        return ratios, sum(levels_above_z(op) for op in norms)
 
     (plain, plain_steps), (ranged, ranged_steps) = trained(0.0), trained(1.0)
     assert len(plain) == len(ranged) == 3  # two norms in the block, the final one
