@@ -120,29 +120,36 @@ def test_packed_clear_program_equals_the_batch_program(overrides):
     np.testing.assert_allclose(packed.clear(x[:6]), program.clear(x[:6]), atol=1e-9)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # an overflow is a failure, not NaN == NaN
 @pytest.mark.parametrize("approximation", ["cubic", "newton"])
 def test_packed_layernorm_equals_the_batch_program_with_either_approximation(approximation):
     """A LayerNorm model's packed program (1/√ folded into the variance maps) against the batch
     program, with a cubic (least squares on the norm's interval) and with Newton's steps; the
     cubic's packed norm takes 5 levels from its input (centring, square, variance maps, d·p(z) in
     two)."""
-    model = tiny(norm="layernorm", seq_len=5)
+    # weights whose norm variances a cubic follows within 14% (at d = 4 they spread too far; with
+    # other seeds an error of 20% can push Goldschmidt's input out of its interval)
+    torch.manual_seed(7)
+    model = tiny(norm="layernorm", seq_len=5, d_model=16)
     x = np.random.default_rng(1).normal(size=(40, 5, model.config.in_features))
     program = build_program(model, x)
     for name, op in program.ops.items():
         if op["kind"] != "invsqrt":
             continue
         op = {k: v for k, v in op.items() if k not in ("poly", "degree", "guess", "steps")}
-        if approximation == "cubic":
+        if approximation == "cubic":  # least relative error on the interval
             z = np.geomspace(*op["interval"], 512)
-            op["poly"] = tuple(np.polynomial.polynomial.polyfit(z, 1 / np.sqrt(z), 3))
+            rows = np.vander(z, 4, increasing=True) * np.sqrt(z)[:, None]
+            op["poly"] = tuple(np.linalg.lstsq(rows, np.ones_like(z), rcond=None)[0])
         else:
             op["guess"], op["steps"] = A.invsqrt_plan(*op["interval"], 1e-3, 20)
         program.ops[name] = op
     norms = [op for op in program.ops.values() if op["kind"] == "invsqrt"]
     assert all(("poly" in op) == (approximation == "cubic") for op in norms) and norms
     packed = PackedProgram(program, 4096)
-    np.testing.assert_allclose(packed.clear(x[:6]), program.clear(x[:6]), atol=1e-9)
+    want = program.clear(x[:6])
+    assert np.isfinite(want).all() and np.abs(want).max() < 1e3
+    np.testing.assert_allclose(packed.clear(x[:6]), want, atol=1e-9)
     ar = ClearArith()
     packed.clear(x[:1], ar)
     if approximation == "cubic":
