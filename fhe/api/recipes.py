@@ -39,7 +39,7 @@ SHALLOW_POLYNOMIAL = dict(
 # the PowerSoftmax paper's recipe (length-agnostic, LayerNorm, polynomial GELU, hinge range losses):
 # deeper than one chain, so the OpenFHE engine bootstraps it on the server (`--engine auto`); the
 # norm range loss keeps each LayerNorm's input variances within 3x (a cubic for 1/sqrt instead of
-# 2-4 Newton steps: issue 28's 2-block model 22 -> 13 bootstraps, benchmarks/results/ckks_deep.md)
+# 2-4 Newton steps: issue 28's 2-block model at 13 bootstraps, benchmarks/results/ckks_deep.md)
 POLYNOMIAL_GELU = dict(
     attention="power-softmax",
     norm="layernorm",

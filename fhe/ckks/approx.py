@@ -391,7 +391,8 @@ def poly_eval(ar: Arith, t: Val, coeffs: tuple[float, ...]) -> Val:
     h the largest power of two ≤ deg, both halves of degree < h split the same way, and each
     coefficient rides on the lowest power it multiplies (cₖ·t, then products with the powers
     t^(2^j)). Summing every cₖ·tᵏ after the powers (a clear-weighted sum over t¹ … t^deg) takes
-    one level more: degree 9-10 (GELU) 4 levels instead of 5."""
+    one level more for every degree but a power of two: 3, 5-7, 9-15, … (GELU's 9-10: 4 levels
+    instead of 5)."""
     cs = _trimmed(coeffs)
     if len(cs) == 1:
         return ar.add_scalar(ar.lincomb([t], [0.0]), cs[0])
