@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -179,6 +180,11 @@ def test_a_recipe_fills_the_options_left_at_their_defaults():
     assert (ckks.attention, ckks.power_p, ckks.ffn_activation) == ("power-softmax", 2, "quad")
     deep = api.with_recipe(api.TrainRequest(task="digits", recipe="ckks-deep"))
     assert (deep.norm, deep.norm_range_loss, deep.norm_range_ratio) == ("layernorm", 0.1, 3.0)
+    # --norm none typed: the recipe's norm range loss has no LayerNorm to act on and is dropped
+    bare = api.with_recipe(
+        api.TrainRequest(task="digits", recipe="ckks-deep", norm="none"), given=frozenset({"norm"})
+    )
+    assert (bare.norm, bare.norm_range_loss) == ("none", 0.0)
 
 
 def test_a_norm_range_ratio_that_is_not_a_ratio_is_a_usage_error(tmp_path):
@@ -190,6 +196,20 @@ def test_a_norm_range_ratio_that_is_not_a_ratio_is_a_usage_error(tmp_path):
         ],
     )
     assert res.exit_code == 2 and "norm_range_ratio" in res.output and "> 1" in res.output
+
+
+@pytest.mark.parametrize("norm", ["none", "batchnorm"])
+def test_a_norm_range_loss_without_layernorm_is_a_usage_error(tmp_path, norm):
+    """Typed on a model without LayerNorm, the loss would do nothing: said, not ignored."""
+    res = CliRunner().invoke(
+        main,
+        [
+            *("train", "--task", "digits", "--norm", norm, "--norm-range-loss", "0.1"),
+            *("--epochs", "1", "-o", str(tmp_path / "m.pt")),
+        ],
+    )
+    assert res.exit_code == 2 and "--norm-range-loss" in res.output and norm in res.output
+    assert not (tmp_path / "m.pt").exists()
 
 
 def test_a_recipe_that_does_not_exist_is_a_usage_error(tmp_path):

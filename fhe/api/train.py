@@ -314,7 +314,7 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     or a causal one, gets the recipe's options for that shape where it has them
     (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths, as its sweep found
     best there). Options that do not apply to the model are dropped: the Inhibitor's means for
-    another kind, the segment norm without segments."""
+    another kind, the segment norm without segments, the norm range loss without LayerNorm."""
     if req.recipe is None:
         return req
     from fhe.api.recipes import BEYOND_SHAPE, recipe_for
@@ -326,19 +326,25 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     options = {k: v for k, v in recipe.items() if k not in given}
     out = dataclasses.replace(req, **options, recipe=None)
     beyond = BEYOND_SHAPE.get((req.task, Recipe(req.recipe)))
-    if beyond is None:
-        return out
-    preset_layers = PRESETS[req.task].n_layers
-    deeper = (out.layers or preset_layers) > recipe.get("layers", preset_layers)
-    causal = out.causal and not recipe.get("causal", False)
-    longer = out.seq_len is not None and out.seq_len > recipe.get("seq_len", out.seq_len)
-    for wider, extra in (
-        (causal, beyond.causal),
-        (deeper, beyond.blocks),
-        (longer, beyond.segments),
+    if beyond is not None:
+        preset_layers = PRESETS[req.task].n_layers
+        deeper = (out.layers or preset_layers) > recipe.get("layers", preset_layers)
+        causal = out.causal and not recipe.get("causal", False)
+        longer = out.seq_len is not None and out.seq_len > recipe.get("seq_len", out.seq_len)
+        for wider, extra in (
+            (causal, beyond.causal),
+            (deeper, beyond.blocks),
+            (longer, beyond.segments),
+        ):
+            if wider:
+                extra = {k: v for k, v in extra.items() if k not in given}
+                out = dataclasses.replace(out, **extra)
+    if (
+        out.norm_range_loss
+        and "norm_range_loss" not in given
+        and out.norm is not NormKind.LAYERNORM
     ):
-        if wider:
-            out = dataclasses.replace(out, **{k: v for k, v in extra.items() if k not in given})
+        out = dataclasses.replace(out, norm_range_loss=0.0)  # no LayerNorm: --norm won
     if (
         out.inhibitor_mean
         and "inhibitor_mean" not in given
@@ -503,6 +509,11 @@ def _training_setup(req: TrainRequest):
         )
     except ValueError as exc:
         raise BadOptionError(str(exc)) from exc
+    if req.norm_range_loss and model_config.norm is not NormKind.LAYERNORM:
+        raise BadOptionError(
+            "--norm-range-loss acts on LayerNorm inputs; this model has none "
+            f"(--norm {model_config.norm.value}): use --norm layernorm or leave the option out"
+        )
     if req.init_path is None:
         return data, model_config, train_config, None
     from models.training import load_checkpoint
