@@ -36,7 +36,8 @@ class RangedLayerNorm(nn.LayerNorm):
     a ratio within about 5x after the compiler's margin, 3 for 40x). The hinge keeps the ratio
     near κ, as the PowerSoftmax paper's range losses keep the attention scores and activation
     inputs in a polynomial's interval (its Alg. 1); issue 28's 2-block model went from 2-4 steps
-    per norm to 1 with κ = 3 (benchmarks/results/ckks_deep.md)."""
+    per norm to 1 with κ = 3, and then to a cubic (fhe.ckks.approx.invsqrt_poly: a level fewer;
+    benchmarks/results/ckks_deep.md)."""
 
     def __init__(self, d_model: int) -> None:
         super().__init__(d_model)

@@ -195,7 +195,8 @@ class TrainRequest:
     norm_range_loss: float = option_field(
         0.0,
         "Weight of the LayerNorm range loss (the spread of its input variances beyond "
-        "--norm-range-ratio; fewer Newton steps for the CKKS 1/sqrt, hence fewer bootstraps).",
+        "--norm-range-ratio; a cheaper CKKS 1/sqrt, a cubic or fewer Newton steps, hence fewer "
+        "bootstraps).",
     )
     norm_range_ratio: float = option_field(
         3.0,

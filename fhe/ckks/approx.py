@@ -179,20 +179,26 @@ def newton_invsqrt_affine(ar: Arith, z: ZAffine, guess: tuple[float, float], ste
     return y
 
 
+def _minimax_ones(rows: np.ndarray) -> np.ndarray | None:
+    """x minimising max |rows·x − 1| over the grid the rows sample (an LP in x and the bound t),
+    None where the LP fails."""
+    n, k = rows.shape
+    ones = np.ones((n, 1))
+    res = linprog(
+        np.r_[np.zeros(k), 1.0],
+        A_ub=np.vstack([np.hstack([rows, -ones]), np.hstack([-rows, -ones])]),
+        b_ub=np.r_[np.ones(n), -np.ones(n)],
+        bounds=[(None, None)] * k + [(0, None)],
+    )
+    return res.x[:k] if res.success else None
+
+
 def _minimax_step(r: np.ndarray) -> tuple[float, float]:
     """(a, b) minimising max |a·r − b·r³ − 1| over the error ratios r = y√z (a small LP)."""
-    ones = np.ones_like(r)
-    rows = np.stack([r, -(r**3), -ones], 1)
-    a_ub = np.vstack([rows, np.stack([-r, r**3, -ones], 1)])
-    res = linprog(
-        [0, 0, 1],
-        A_ub=a_ub,
-        b_ub=np.concatenate([ones, -ones]),
-        bounds=[(None, None)] * 2 + [(0, None)],
-    )
-    if not res.success:  # pragma: no cover - the LP is always feasible (t large)
+    x = _minimax_ones(np.stack([r, -(r**3)], 1))
+    if x is None:  # pragma: no cover - the LP is always feasible (t large)
         return 1.5, 0.5
-    return float(res.x[0]), float(res.x[1])
+    return float(x[0]), float(x[1])
 
 
 def invsqrt_plan(
@@ -239,21 +245,13 @@ def invsqrt_poly(lo: float, hi: float, tol: float) -> tuple[tuple[float, ...], f
         raise ApproximationError(f"1/sqrt needs a positive interval, got [{lo:.3g}, {hi:.3g}]")
     z = np.geomspace(lo, hi, 2048)
     for degree in range(1, INVSQRT_POLY_DEGREE + 1):
-        rows = np.vander(z, degree + 1, increasing=True) * np.sqrt(z)[:, None]
-        ones = np.ones((len(z), 1))
-        res = linprog(
-            np.r_[np.zeros(degree + 1), 1.0],
-            A_ub=np.vstack([np.hstack([rows, -ones]), np.hstack([-rows, -ones])]),
-            b_ub=np.r_[np.ones(len(z)), -np.ones(len(z))],
-            bounds=[(None, None)] * (degree + 1) + [(0, None)],
-        )
-        coeffs = tuple(float(c) for c in res.x[:-1]) if res.success else None
-        if coeffs is not None:
-            error = float(
-                np.max(np.abs(np.polynomial.polynomial.polyval(z, coeffs) * np.sqrt(z) - 1))
-            )
-            if error <= tol:
-                return coeffs, error
+        x = _minimax_ones(np.vander(z, degree + 1, increasing=True) * np.sqrt(z)[:, None])
+        if x is None:
+            continue
+        coeffs = tuple(float(c) for c in x)
+        error = float(np.max(np.abs(np.polynomial.polynomial.polyval(z, coeffs) * np.sqrt(z) - 1)))
+        if error <= tol:
+            return coeffs, error
     return None
 
 
