@@ -133,8 +133,11 @@ SHAPES = {
     "imdb-L1-T16-causal-mean-norm": Shape("imdb", 1, 16, causal=True, mean=True, norm=True),
     "imdb-L1-T32-padded": Shape("imdb", 1, 32, padded=True),
     "imdb-L1-T32-padded-mean": Shape("imdb", 1, 32, padded=True, mean=True),
+    # -norm on padded words: each word's embedding at unit RMS (a segment of one word)
+    "imdb-L1-T32-padded-mean-norm": Shape("imdb", 1, 32, padded=True, mean=True, norm=True),
     "imdb-lm-L1-T16": Shape("imdb-lm", 1, 16, causal=True),
     "imdb-lm-L1-T16-mean": Shape("imdb-lm", 1, 16, causal=True, mean=True),
+    "imdb-lm-L1-T16-norm": Shape("imdb-lm", 1, 16, causal=True, norm=True),
 }
 
 

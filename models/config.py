@@ -124,9 +124,12 @@ class TransformerConfig:
     contiguous segments of (nearly) equal length before the positions are added
     (:func:`models.segments.segment_means`), so every position holds real words and no padding
     enters attention; under encryption the client computes this front end (:mod:`models.text`).
-    ``segment_norm`` (with ``words``): each segment mean is scaled to unit RMS before its position
+    ``segment_norm`` (token inputs): each segment mean is scaled to unit RMS before its position
     is added (:func:`models.segments.unit_rms`, on the client), so that a short review's segments
-    (single words) are not several times larger than a long review's (means of many words).
+    (single words) are not several times larger than a long review's (means of many words);
+    without ``words`` (padded word positions), each word's vector, a segment of one word (one
+    input scale then fits every word: the TFHE program follows its float model more closely,
+    benchmarks/results/text_widths.md).
     """
 
     seq_len: int
@@ -153,7 +156,7 @@ class TransformerConfig:
     causal: bool = False  # query i attends keys j <= i only (PowerSoftmax paper Eq. 11's mask)
     inhibitor_mean: bool = False  # Inhibitor: each query's sums over keys as means
     words: int | None = None  # token inputs: words read, pooled into seq_len segments
-    segment_norm: bool = False  # with words: each segment mean scaled to unit RMS
+    segment_norm: bool = False  # each segment mean (or padded word) scaled to unit RMS
     pooling: Pooling = Pooling.MEAN
 
     def __post_init__(self) -> None:
@@ -199,9 +202,10 @@ class TransformerConfig:
                 f"words={self.words} (words pooled into seq_len={self.seq_len} segments) needs "
                 "token inputs and at least one word per segment"
             )
-        if self.segment_norm and self.words is None:
+        if self.segment_norm and self.input_kind is not InputKind.TOKENS:
             raise ValueError(
-                "segment_norm scales segment means: it needs words= (words pooled into segments)"
+                "segment_norm scales the client's word vectors (segment means, or each word of a "
+                "padded input): it needs token inputs"
             )
         if (
             self.input_kind is InputKind.EMBEDDED

@@ -41,5 +41,6 @@ def unit_rms(v: Tensor) -> Tensor:
     Why for segments: the mean of a segment of k words shrinks with k (the words' embeddings
     partly cancel), so a one-sentence review's segments, single words, are several times larger
     than a long review's. Scaled to one RMS, both reach the encrypted program at the same size, and
-    a TFHE program calibrated on long reviews does not refuse short ones (docs/text.md)."""
+    a TFHE program calibrated on long reviews does not refuse short ones (docs/text.md). A padded
+    word-level model scales each word's vector the same way (a segment of one word)."""
     return v * torch.rsqrt((v * v).mean(-1, keepdim=True) + RMS_EPS)

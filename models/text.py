@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from models.config import InputKind, Pooling, TransformerConfig
-from models.segments import segment_means
+from models.segments import segment_means, unit_rms
 from models.transformer import Transformer
 
 TEXT_JSON = "text.json"
@@ -50,8 +50,8 @@ class TextEncoder:
     reads encrypted (the server never learns the review's length). ``labels``: the names of the
     outputs, when the task has them (a next-word model's words). ``keep_last``: a text longer
     than ``words`` keeps its last words, not its first (a next-word model predicts the word after
-    the text). ``segment_norm``: each segment mean is scaled to unit RMS before its position is
-    added (:func:`models.segments.unit_rms`)."""
+    the text). ``segment_norm``: each segment mean (``padded``: each word's vector) is scaled to
+    unit RMS before its position is added (:func:`models.segments.unit_rms`)."""
 
     vocab: tuple[str, ...]
     words: int
@@ -73,8 +73,6 @@ class TextEncoder:
             raise ValueError(
                 f"positions of shape {pos.shape} do not match embeddings of width {emb.shape[1]}"
             )
-        if self.segment_norm and self.padded:
-            raise ValueError("segment_norm scales segment means; a padded front end has none")
         if self.padded and self.words != pos.shape[0]:
             raise ValueError(f"a padded front end reads one word per position, not {self.words}")
 
@@ -108,7 +106,8 @@ class TextEncoder:
     def embed_ids(self, ids: Tensor | np.ndarray) -> np.ndarray:
         """(N, words) ids → (N, T, d_model) float32 (the model's precision; every path rounds the
         same way): segment means of the embeddings + positions; ``padded``: each word's embedding
-        + its position, and the key mask column (N, T, d_model + 1)."""
+        + its position, and the key mask column (N, T, d_model + 1). ``segment_norm``: each
+        segment mean, or word embedding, at unit RMS first (padding stays 0)."""
         ids = torch.as_tensor(np.asarray(ids), dtype=torch.long)
         if ids.ndim != 2 or ids.shape[1] > self.words:
             raise ValueError(
@@ -121,7 +120,8 @@ class TextEncoder:
         if self.padded:  # the model's own padding: id 0, embedding row 0 (zero)
             ids = torch.nn.functional.pad(ids, (0, self.words - ids.shape[1]))
             mask = (ids != 0).to(torch.float64)[..., None]
-            return torch.cat([table[ids] + positions, mask], dim=-1).float().numpy()
+            words = unit_rms(table[ids]) if self.segment_norm else table[ids]
+            return torch.cat([words + positions, mask], dim=-1).float().numpy()
         means = segment_means(table[ids], ids, self.seq_len, self.segment_norm)
         return (means + positions).float().numpy()
 

@@ -21,9 +21,7 @@ import numpy as np
 from quant.ir import FREE_OPS, Graph, Node, round_bit_pattern, value_bits
 from quant.ops import op_spec
 
-TABLE_LIMIT = (
-    1 << 18
-)  # table entries evaluated per lookup node (inputs wider than this are bounded coarsely)
+TABLE_LIMIT = 1 << 18  # most table entries evaluated per lookup node (once rounded)
 
 
 @dataclass(frozen=True)
@@ -181,15 +179,16 @@ def _table_bounds(node: Node, src: Interval) -> Interval:
     """A lookup's output over every value its source can hold (rounded as the node rounds)."""
     lo, hi = src.scalar
     r = node.attrs.get("rounding_bits", 0)
-    candidates = (
-        np.unique(round_bit_pattern(np.arange(lo, hi + 1, dtype=np.int64), r))
-        if hi - lo < TABLE_LIMIT
-        else None
-    )
-    if candidates is None:
+    # rounding is monotone: the values it gives over [lo, hi] are the multiples of 2^r between
+    # round(lo) and round(hi), every one of them (a wide sum rounded to a few bits is few entries)
+    first, last = (int(v) for v in round_bit_pattern(np.array([lo, hi], dtype=np.int64), r))
+    if (last - first) >> r >= TABLE_LIMIT:
         raise ValueError(
-            f"lookup {node.name!r} reads a range of {hi - lo + 1} values; too wide to tabulate"
+            f"lookup {node.name!r} reads a range of {hi - lo + 1} values"
+            + (f" ({((last - first) >> r) + 1} once rounded by {r} bits)" if r else "")
+            + "; too wide to tabulate"
         )
+    candidates = np.arange(first, last + 1, 1 << r, dtype=np.int64)
     shape = tuple(node.attrs["shape"])
     column = candidates.reshape((-1,) + (1,) * len(shape))
     grid = np.ascontiguousarray(np.broadcast_to(column, (len(candidates), *shape)))

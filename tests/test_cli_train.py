@@ -267,11 +267,17 @@ def test_a_text_recipe_widens_its_quantization_beyond_the_shape_it_was_tuned_on(
     assert means() and means(causal=True) and means(seq_len=32) and means(layers=2)
     assert not means(causal=True, attention="dot-product")  # an Inhibitor option
     assert not means(attention="dot-product")
-    padded = api.with_recipe(  # word positions, padded: no segments to scale
+    padded = api.with_recipe(  # word positions, padded: each word's vector at unit RMS
         api.TrainRequest(task="imdb", recipe="tfhe", words=None, seq_len=32),
         given=frozenset({"words", "seq_len"}),
     )
-    assert padded.words is None and not padded.segment_norm
+    assert padded.words is None and padded.segment_norm and padded.inhibitor_mean
+    assert padded.qat_quant == beyond.padded["qat_quant"]  # it wins over the longer shape's
+    ckks_padded = api.with_recipe(
+        api.TrainRequest(task="imdb", recipe="ckks", words=None, seq_len=32),
+        given=frozenset({"words", "seq_len"}),
+    )
+    assert not ckks_padded.segment_norm  # the CKKS recipe scales nothing
     assert quant(layers=2, qat_quant={"weight_bits": 6}) == {"weight_bits": 6}
     given = frozenset({"layers", "qat_quant"})  # the CLI's path: typed options named
     typed = api.TrainRequest(task="imdb", recipe="tfhe", layers=2, qat_quant={"lut_bits": 6})
@@ -306,11 +312,18 @@ def test_the_text_recipes_wider_widths_are_the_ones_the_width_sweep_found_best()
             "imdb-L1-T16-causal-mean",
             "imdb-L1-T16-causal-mean-norm",
         ): {"causal": True},
+        (
+            "imdb-L1-T32-padded",
+            "imdb-L1-T32-padded-mean",
+            "imdb-L1-T32-padded-mean-norm",
+        ): {"seq_len": 32, "words": None},
     }
+
+    def accepts_short_reviews(s: dict) -> bool:  # padded words: each word its own position
+        return "-padded" in s["shape"] or s.get("refused_first_16_words", 1.0) <= 0.01
+
     eligible = [  # seed 0's circuit
-        s
-        for s in saved["summary"]
-        if s["eval_keys_bytes"] <= 2e9 and s.get("refused_first_16_words", 1.0) <= 0.01
+        s for s in saved["summary"] if s["eval_keys_bytes"] <= 2e9 and accepts_short_reviews(s)
     ]
     for shapes, fields in chosen.items():
         best = max(  # the most seeds within a point, then the most accurate program
@@ -323,7 +336,9 @@ def test_the_text_recipes_wider_widths_are_the_ones_the_width_sweep_found_best()
             if (s["shape"], s["candidate"]) == (shapes[0], "1-block recipe")
         )
         assert best["gap_mean"] < one_block["gap_mean"], shapes
-        options = api.with_recipe(api.TrainRequest(task="imdb", recipe="tfhe", **fields))
+        options = api.with_recipe(
+            api.TrainRequest(task="imdb", recipe="tfhe", **fields), given=frozenset(fields)
+        )
         assert widths[best["shape"], best["candidate"]] == options.qat_quant, shapes
         assert options.inhibitor_mean == ("-mean" in best["shape"]), shapes
         assert options.segment_norm == best["shape"].endswith("-norm"), shapes

@@ -123,8 +123,12 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
 # 81.79%; the sums without the norm, the choice before: 3 of 3, 0.85, 81.47%, 35.9% of short
 # reviews refused); more segments, 6-bit weights and inputs (3 of 3, 0.08, program 82.56%). A
 # causal mask: the 1-block widths with 6-bit inputs (3 of 3, 0.16, program 82.48%, est. 44 s,
-# 1.69 GiB). `with_recipe` applies each that the model goes beyond, in the order causal, deeper,
-# longer (the later win: a deeper causal model takes the 2-block widths), except the options given.
+# 1.69 GiB). Padded word positions (no segments; shape imdb-L1-T32-padded-mean-norm): each word
+# vector at unit RMS (the recipe's segment_norm, one word per segment) and the 2-block widths: 3 of
+# 3, mean gap 0.55, program 65.65%, est. 317 s, 1.73 GiB; the T = 32 widths there, 3 of 3 but
+# 1.91 GiB (2.05 GB); without the norm, 2 of 3 at best (1.99 GiB). `with_recipe` applies each that
+# the model goes beyond, in the order causal, deeper, longer, padded (the later win: a deeper
+# causal model takes the 2-block widths), except the options given.
 _WIDE_TEXT_ATTENTION = {"inhibitor_positive_v": True, "attention_bits": 4, "attention_lut_bits": 5}
 _FIVE_BIT_TEXT = dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5})
 
@@ -132,11 +136,13 @@ _FIVE_BIT_TEXT = dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "inpu
 @dataclass(frozen=True)
 class BeyondShape:
     """A recipe's options for models deeper (``blocks``), causal (``causal``, where the recipe's
-    model is not) or longer (``segments``) than its own."""
+    model is not) or longer (``segments``) than its own, or that read padded word positions
+    instead of its segments (``padded``)."""
 
     blocks: dict
     causal: dict
     segments: dict
+    padded: dict
 
 
 BEYOND_SHAPE: dict[tuple[str, Recipe], BeyondShape] = {
@@ -144,6 +150,7 @@ BEYOND_SHAPE: dict[tuple[str, Recipe], BeyondShape] = {
         blocks=_FIVE_BIT_TEXT,
         causal=dict(qat_quant={"inhibitor_positive_v": True, "input_bits": 6}),
         segments=dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 6, "input_bits": 6}),
+        padded=_FIVE_BIT_TEXT,
     ),
 }
 

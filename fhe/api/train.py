@@ -114,10 +114,11 @@ class TrainRequest:
     )
     segment_norm: bool = option_field(
         False,
-        "Text with --words: scale each segment's mean word vector to unit RMS before its position "
-        "is added (on the client, in the clear), so that a one-sentence review reaches the program "
-        "at the size of a long one (a TFHE program calibrated on long reviews otherwise refuses "
-        "many short ones).",
+        "Text: scale each client vector to unit RMS before its position is added (on the client, "
+        "in the clear): with --words each segment's mean word vector, so that a one-sentence "
+        "review reaches the program at the size of a long one (a TFHE program calibrated on long "
+        "reviews otherwise refuses many short ones); without, each word's vector (padded word "
+        "positions: one input scale fits every word).",
         pair=True,
     )
     epochs: int | None = option_field(
@@ -312,10 +313,11 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     """``req`` with its recipe's options, except in the fields ``given`` names (the command line
     knows which options were typed); without ``given``, the fields that differ from their
     defaults keep their values. A model with more blocks or segments than the recipe was tuned on,
-    or a causal one, gets the recipe's options for that shape where it has them
+    or a causal one, or one that reads padded word positions instead of the recipe's segments,
+    gets the recipe's options for that shape where it has them
     (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths, as its sweep found
     best there). Options that do not apply to the model are dropped: the Inhibitor's means for
-    another kind, the segment norm without segments, the norm range loss without LayerNorm."""
+    another kind, the norm range loss without LayerNorm."""
     if req.recipe is None:
         return req
     from fhe.api.recipes import BEYOND_SHAPE, recipe_for
@@ -332,10 +334,12 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
         deeper = (out.layers or preset_layers) > recipe.get("layers", preset_layers)
         causal = out.causal and not recipe.get("causal", False)
         longer = out.seq_len is not None and out.seq_len > recipe.get("seq_len", out.seq_len)
+        padded = out.words is None and recipe.get("words") is not None  # word positions
         for wider, extra in (
             (causal, beyond.causal),
             (deeper, beyond.blocks),
             (longer, beyond.segments),
+            (padded, beyond.padded),
         ):
             if wider:
                 extra = {k: v for k, v in extra.items() if k not in given}
@@ -352,8 +356,6 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
         and out.attention not in INHIBITOR_KINDS
     ):
         out = dataclasses.replace(out, inhibitor_mean=False)  # an Inhibitor option: --attention won
-    if out.segment_norm and "segment_norm" not in given and out.words is None:
-        out = dataclasses.replace(out, segment_norm=False)  # no segments (padded word positions)
     return out
 
 

@@ -69,8 +69,15 @@ def search_placement(
     ceiling = max(flat_bound, *plain.bootstrap_peaks, 0.0)
     best: Placement | None = None
     for rebuild in (False, True):
-        entry = search_entry_levels(run, max_depth, ceiling=ceiling, rebuild=rebuild, check=check)
-        ar = count_bootstraps(check, max_depth, entry, rebuild)
+        first = None if rebuild else plain  # the plain form's just-in-time count, made once
+        entry = search_entry_levels(
+            run, max_depth, ceiling=ceiling, rebuild=rebuild, check=check, just_in_time=first
+        )
+        ar = (
+            plain
+            if (entry, rebuild) == ({}, False)
+            else count_bootstraps(check, max_depth, entry, rebuild)
+        )
         if max(ar.bootstrap_peaks, default=0.0) > ceiling:
             continue
         if best is None or len(ar.bootstraps) < best.bootstraps:
@@ -87,6 +94,7 @@ def search_entry_levels(
     ceiling: float | None = None,
     rebuild: bool = False,
     check: Run | None = None,
+    just_in_time: ClearArith | None = None,
 ) -> dict[str, int]:
     """Entry levels that bootstrap no more than just-in-time renewal, and fewer where the search
     finds them (``{}`` when just in time is as good); none that bootstraps a value larger than
@@ -101,8 +109,11 @@ def search_entry_levels(
     24 (and simulated annealing over the same choices, in one-off runs, no fewer).
 
     Placements are counted on ``run``; one that would be kept is first held to the ceiling on
-    ``check`` as well (more samples: their peaks), so that most trials cost one sample's run."""
-    first = count_bootstraps(check or run, max_depth, {}, rebuild)
+    ``check`` as well (more samples: their peaks), so that most trials cost one sample's run.
+    ``just_in_time``: that placement's count on ``check`` (else ``run``), if the caller has it."""
+    first = just_in_time
+    if first is None:
+        first = count_bootstraps(check or run, max_depth, {}, rebuild)
     if not first.bootstraps:
         return {}
     if ceiling is None:

@@ -108,10 +108,8 @@ def test_segment_norm_scales_each_segment_mean_to_unit_rms_and_a_short_review_to
             program_norm(torch.from_numpy(enc_norm.embed_ids(ids))).numpy(),
             atol=1e-5,
         )
-    with pytest.raises(ValueError, match="segment_norm scales segment means"):
-        TransformerConfig(
-            seq_len=4, in_features=8, n_outputs=2, input_kind="tokens", segment_norm=True
-        )
+    with pytest.raises(ValueError, match="segment_norm scales the client's word vectors"):
+        TransformerConfig(seq_len=4, in_features=8, n_outputs=2, segment_norm=True)  # patches
 
 
 def test_padding_does_not_change_a_reviews_logits():
@@ -166,6 +164,45 @@ def test_a_padded_model_splits_with_its_mask_and_an_old_unmasked_one_is_refused(
         split_text_model(Transformer(old), VOCAB)
     with pytest.raises(ValueError, match="words=3"):
         TransformerConfig(seq_len=4, in_features=8, n_outputs=2, input_kind="tokens", words=3)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
+def test_a_padded_model_with_segment_norm_scales_each_word_and_splits_exactly(causal):
+    """Padded word positions with ``segment_norm``: each word's vector at unit RMS (the RMS
+    written out here), padding left at 0 and masked; the client's vectors through the program
+    model give the token model's logits, and the padding does not change them."""
+    cfg = TransformerConfig(
+        seq_len=12,
+        in_features=len(VOCAB),
+        n_outputs=3,
+        input_kind=InputKind.TOKENS,
+        attention="inhibitor",
+        d_model=8,
+        causal=causal,
+        segment_norm=True,
+    )
+    torch.manual_seed(3)
+    model = Transformer(cfg).eval()
+    plain_cfg = cfg.replace(segment_norm=False)
+    plain = Transformer(plain_cfg).eval()
+    plain.load_state_dict(model.state_dict())  # the same weights, no norm
+    encoder, program_model = split_text_model(model, VOCAB)
+    plain_encoder, _ = split_text_model(plain, VOCAB)
+    assert encoder.padded and encoder.segment_norm and not program_model.config.segment_norm
+    ids = torch.tensor([[2, 3, 4, 5, 6, 7, 2, 3, 0, 0, 0, 0], [6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+    words = plain_encoder.embed_ids(ids)[..., :-1] - encoder.positions  # each word's embedding
+    rms = np.sqrt((words**2).mean(-1, keepdims=True) + 1e-6)
+    want = np.where(ids.numpy()[..., None] != 0, words / rms, 0.0)
+    got = encoder.embed_ids(ids)
+    np.testing.assert_allclose(got[..., :-1] - encoder.positions, want, atol=1e-5)
+    np.testing.assert_array_equal(got[..., -1], (ids != 0).float().numpy())  # the key mask
+    with torch.no_grad():
+        logits = model(ids)
+        np.testing.assert_allclose(
+            program_model(torch.from_numpy(got)).numpy(), logits.numpy(), atol=1e-5
+        )
+        assert not torch.allclose(logits, plain(ids), atol=1e-3)  # the norm changes the model
+        torch.testing.assert_close(model(ids[:1, :8]), logits[:1])  # padding changes nothing
 
 
 def test_joining_a_folded_program_back_gives_the_program_on_client_vectors():

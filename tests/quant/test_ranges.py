@@ -59,3 +59,28 @@ def test_the_inhibitor_circuit_has_one_node_at_risk():
     risks = overflow_risks(graph, -QMAX, QMAX)
     assert [r["node"] for r in risks] == ["c.attn.h"]
     assert list(graph.run(np.full(graph.input_shape, QMAX), "clip")[1]) == ["c.attn.h"]
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "r"),
+    [(-37, 41, 0), (-37, 41, 3), (-1000, 999, 4), (5, 5, 2), (-300_000, 200_000, 12)],
+)
+def test_a_rounded_lookups_bounds_are_the_table_over_every_value_its_source_holds(lo, hi, r):
+    """quant.ranges._table_bounds against the table evaluated on every integer of the source's
+    interval, rounded as the node rounds; a wide sum rounded to a few bits (the last case: half a
+    million values, 123 entries once rounded) is bounded, not refused as too wide."""
+    from quant.ir import Node
+    from quant.ops import round_bit_pattern
+    from quant.ranges import TABLE_LIMIT, Interval, _table_bounds
+
+    def fn(t):
+        return np.clip(t // 7 - (t % 5), -900, 900)  # neither monotone nor odd
+
+    node = Node("n", "lut", attrs={"rounding_bits": r, "fn": fn, "shape": (2,)})
+    src = Interval(np.array([lo, lo + (hi - lo) // 2]), np.array([hi, hi]))
+    every = fn(np.unique(round_bit_pattern(np.arange(lo, hi + 1, dtype=np.int64), r)))
+    got = _table_bounds(node, src)
+    assert got.lo.min() == every.min() and got.hi.max() == every.max()
+    wide = Node("w", "lut", attrs={"rounding_bits": 0, "fn": fn, "shape": (1,)})
+    with pytest.raises(ValueError, match="too wide to tabulate"):
+        _table_bounds(wide, Interval(np.array([0]), np.array([TABLE_LIMIT + 5])))
