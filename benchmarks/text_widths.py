@@ -93,6 +93,13 @@ CANDIDATES = {
     },
     "imdb-lm": {
         "6-bit weights/inputs": {"weight_bits": 6, "input_bits": 6},
+        # the padded sentiment model's rule (fhe.api.recipes: BEYOND_SHAPE's padded), V⁺ included
+        "5-bit weights/inputs, 4-bit Q/K/V, V⁺": {
+            **ONE_BLOCK,
+            **WIDE_ATTENTION,
+            "weight_bits": 5,
+            "input_bits": 5,
+        },
         "6-bit weights/inputs, 4-bit Q/K/V": {**WIDE_ATTENTION, "weight_bits": 6, "input_bits": 6},
         "6-bit weights/inputs, 6-bit lookups": {"weight_bits": 6, "input_bits": 6, "lut_bits": 6},
         "6-bit weights/inputs/lookups, 6-bit Q/K/V": {
