@@ -7,6 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from fhe_cli import main
+from models.config import TransformerConfig
 from models.tasks import load_task
 from models.training import evaluate, load_checkpoint
 from models.transformer import Transformer
@@ -267,6 +268,20 @@ def test_a_text_recipe_widens_its_quantization_beyond_the_shape_it_was_tuned_on(
     assert means() and means(causal=True) and means(seq_len=32) and means(layers=2)
     assert not means(causal=True, attention="dot-product")  # an Inhibitor option
     assert not means(attention="dot-product")
+    for kind in ("power-softmax", "dot-product", "dct", "activator"):  # K = Q too: an Inhibitor's
+        options = api.with_recipe(api.TrainRequest(task="imdb", recipe="tfhe", attention=kind))
+        assert not options.tie_qk and not options.inhibitor_mean, kind
+        TransformerConfig(  # the model the recipe asks for is valid (it raised on tie_qk before)
+            seq_len=16,
+            in_features=10,
+            n_outputs=2,
+            input_kind="tokens",
+            attention=kind,
+            tie_qk=options.tie_qk,
+            inhibitor_mean=options.inhibitor_mean,
+            words=options.words,
+            segment_norm=options.segment_norm,
+        )
     padded = api.with_recipe(  # word positions, padded: each word's vector at unit RMS
         api.TrainRequest(task="imdb", recipe="tfhe", words=None, seq_len=32),
         given=frozenset({"words", "seq_len"}),

@@ -317,7 +317,7 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     gets the recipe's options for that shape where it has them
     (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths, as its sweep found
     best there). Options that do not apply to the model are dropped: the Inhibitor's means for
-    another kind, the norm range loss without LayerNorm."""
+    another kind (and its K = Q), the norm range loss without LayerNorm."""
     if req.recipe is None:
         return req
     from fhe.api.recipes import BEYOND_SHAPE, recipe_for
@@ -350,12 +350,9 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
         and out.norm is not NormKind.LAYERNORM
     ):
         out = dataclasses.replace(out, norm_range_loss=0.0)  # no LayerNorm: --norm won
-    if (
-        out.inhibitor_mean
-        and "inhibitor_mean" not in given
-        and out.attention not in INHIBITOR_KINDS
-    ):
-        out = dataclasses.replace(out, inhibitor_mean=False)  # an Inhibitor option: --attention won
+    for option in ("inhibitor_mean", "tie_qk"):  # Inhibitor options: --attention won
+        if getattr(out, option) and option not in given and out.attention not in INHIBITOR_KINDS:
+            out = dataclasses.replace(out, **{option: False})
     return out
 
 
