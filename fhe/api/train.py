@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fhe.api._common import coerce_enums, option_field
 from fhe.api.recipes import Recipe
@@ -350,9 +350,11 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
         and out.norm is not NormKind.LAYERNORM
     ):
         out = dataclasses.replace(out, norm_range_loss=0.0)  # no LayerNorm: --norm won
-    for option in ("inhibitor_mean", "tie_qk"):  # Inhibitor options: --attention won
-        if getattr(out, option) and option not in given and out.attention not in INHIBITOR_KINDS:
-            out = dataclasses.replace(out, **{option: False})
+    if out.attention not in INHIBITOR_KINDS:  # the Inhibitor's options: --attention won
+        dropped: dict[str, Any] = {
+            o: False for o in ("inhibitor_mean", "tie_qk") if getattr(out, o) and o not in given
+        }
+        out = dataclasses.replace(out, **dropped)
     return out
 
 
