@@ -167,7 +167,7 @@ def test_a_padded_model_splits_with_its_mask_and_an_old_unmasked_one_is_refused(
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["", "causal"])
-def test_a_padded_model_with_segment_norm_scales_each_word_and_splits_exactly(causal):
+def test_a_padded_model_with_segment_norm_scales_each_word_and_splits_exactly(causal, tmp_path):
     """Padded word positions with ``segment_norm``: each word's vector at unit RMS (the RMS
     written out here), padding left at 0 and masked; the client's vectors through the program
     model give the token model's logits, and the padding does not change them."""
@@ -203,6 +203,8 @@ def test_a_padded_model_with_segment_norm_scales_each_word_and_splits_exactly(ca
         )
         assert not torch.allclose(logits, plain(ids), atol=1e-3)  # the norm changes the model
         torch.testing.assert_close(model(ids[:1, :8]), logits[:1])  # padding changes nothing
+    encoder.save(tmp_path)  # the client's files keep the norm
+    np.testing.assert_allclose(TextEncoder.load(tmp_path).embed_ids(ids), got, atol=1e-6)
 
 
 def test_joining_a_folded_program_back_gives_the_program_on_client_vectors():
