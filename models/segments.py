@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["segment_matrix", "segment_means", "unit_rms"]
+__all__ = ["segment_matrix", "segment_means", "unit_rms", "word_vectors"]
 
 RMS_EPS = 1e-6  # keeps an all-zero vector (a padding segment) at zero
 
@@ -33,6 +33,12 @@ def segment_means(embedded: Tensor, ids: Tensor, seq_len: int, normalize: bool =
     scaled to unit RMS with ``normalize`` (:func:`unit_rms`)."""
     means = segment_matrix(ids, seq_len).to(embedded.dtype) @ embedded
     return unit_rms(means) if normalize else means
+
+
+def word_vectors(embedded: Tensor, normalize: bool = False) -> Tensor:
+    """(B, L, C) word embeddings of a padded input, each at unit RMS with ``normalize`` (every word
+    a segment of one; padding, a zero vector, stays 0): the padded twin of :func:`segment_means`."""
+    return unit_rms(embedded) if normalize else embedded
 
 
 def unit_rms(v: Tensor) -> Tensor:

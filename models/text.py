@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from models.config import InputKind, Pooling, TransformerConfig
-from models.segments import segment_means, unit_rms
+from models.segments import segment_means, word_vectors
 from models.transformer import Transformer
 
 TEXT_JSON = "text.json"
@@ -120,7 +120,7 @@ class TextEncoder:
         if self.padded:  # the model's own padding: id 0, embedding row 0 (zero)
             ids = torch.nn.functional.pad(ids, (0, self.words - ids.shape[1]))
             mask = (ids != 0).to(torch.float64)[..., None]
-            words = unit_rms(table[ids]) if self.segment_norm else table[ids]
+            words = word_vectors(table[ids], self.segment_norm)
             return torch.cat([words + positions, mask], dim=-1).float().numpy()
         means = segment_means(table[ids], ids, self.seq_len, self.segment_norm)
         return (means + positions).float().numpy()

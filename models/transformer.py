@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from models.attention import build_attention
 from models.config import InputKind, Pooling, TransformerConfig
 from models.layers import FeedForward, make_norm
-from models.segments import segment_means, unit_rms
+from models.segments import segment_means, word_vectors
 
 
 def last_kept(h: Tensor, kept: Tensor) -> Tensor:
@@ -99,9 +99,8 @@ class Transformer(nn.Module):
         if words:  # the text front end (models.text): segment means of the word embeddings
             means = segment_means(self.embed(x), x, self.config.seq_len, self.config.segment_norm)
             h = means + self.pos
-        else:  # with segment_norm (padded words): each word's vector at unit RMS, 0 stays 0
-            vectors = self.embed(x)
-            h = (unit_rms(vectors) if self.config.segment_norm else vectors) + self.pos[:T]
+        else:  # with segment_norm (padded words): each word's vector at unit RMS
+            h = word_vectors(self.embed(x), self.config.segment_norm) + self.pos[:T]
         for block in self.blocks:
             h = block(h, mask)
         return self.norm(h)
