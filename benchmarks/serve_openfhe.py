@@ -3,11 +3,12 @@ against `fhe run` on the same artifact, in one run (issue 28).
 
     python benchmarks/serve_openfhe.py                 # 2 test samples each way
     python benchmarks/serve_openfhe.py --n 1 --epochs 20
+    python benchmarks/serve_openfhe.py --recipe ckks   # make demo's CKKS model (no bootstrap)
 
-The model is `fhe train --task digits --recipe ckks` (make demo's CKKS model; `--epochs` shortens
-its training), compiled with `--engine openfhe` (N = 2^16, 128-bit: depth over one bootstrap's
-levels, so the server bootstraps). Then, one after the other so that only one copy of the keys is
-in memory at a time:
+The model is `fhe train --task digits --recipe ckks-deep` (issue 28's target: 2 blocks, LayerNorm,
+polynomial GELU; `--epochs` shortens its training), compiled with `--engine openfhe` (N = 2^16,
+128-bit: depth 60, beyond a fresh query's 24 levels, so the server bootstraps). Then, one after
+the other so that only one copy of the keys is in memory at a time:
 
 1. `fhe run` (fhe.api.run_artifact): client and server in this process, one query per sample;
 2. `fhe serve` in a subprocess on a loopback port, and fhe.deploy.Client: the key set uploaded once
@@ -104,6 +105,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=2, help="test samples, each way")
     parser.add_argument("--epochs", type=int, default=None, help="shorter training than the recipe")
+    parser.add_argument("--recipe", default="ckks-deep", help="fhe train's recipe for the model")
     args = parser.parse_args()
     from fhe import api
     from fhe.api.parts import Client
@@ -112,7 +114,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="serve-openfhe-") as tmp:
         tmp = Path(tmp)
         extra = {} if args.epochs is None else {"epochs": args.epochs}
-        request = api.TrainRequest(task="digits", recipe="ckks", **extra)
+        request = api.TrainRequest(task="digits", recipe=args.recipe, **extra)
         outcome = api.train_model(request, progress=False)
         outcome.save(tmp / "model.pt")
         c = api.compile_file(tmp / "model.pt", api.CompileOptions(scheme="ckks", engine="openfhe"))
@@ -171,7 +173,7 @@ def main() -> None:
     data = {
         "load": load,
         "n": args.n,
-        "train": {"recipe": "ckks", **extra},
+        "train": {"recipe": args.recipe, **extra},
         "accuracy_float": outcome.float_score,
         "bootstraps": report["bootstraps"],
         "program_depth": report["depth"],
@@ -190,8 +192,8 @@ def main() -> None:
         "",
         f"`{command_line()}`",
         "",
-        f"Digits, `--recipe ckks` (float accuracy {100 * outcome.float_score:.2f}%), compiled with "
-        f"`--engine openfhe`: N = 2^16, 128-bit, {report['slots']} slots, depth "
+        f"Digits, `--recipe {args.recipe}` (float accuracy {100 * outcome.float_score:.2f}%), "
+        f"compiled with `--engine openfhe`: N = 2^16, 128-bit, {report['slots']} slots, depth "
         f"{report['depth']}, {report['bootstraps']} bootstraps per query on the server, no client "
         f"refresh. {args.n} test sample(s) each way, one query each, the same artifact, one after "
         f"the other in one run. Load average {load} at the start (2 cores, shared).",

@@ -89,6 +89,11 @@ def _chain_rows(rep: dict) -> list[tuple[str, object]]:
         ("slots", rep["slots"]),
         ("chain depth", rep["chain_depth"]),
         ("levels after a bootstrap", rep["levels_after_bootstrap"]),
+        # absent from reports saved before: a query was encoded with a bootstrap's levels
+        (
+            "levels of a fresh query",
+            rep.get("levels_of_a_fresh_query", rep["levels_after_bootstrap"]),
+        ),
         ("levels one bootstrap uses", rep["bootstrap_depth"]),
         (
             "bootstrap level budget / baby steps (0: OpenFHE's)",

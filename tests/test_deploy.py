@@ -136,7 +136,8 @@ def openfhe_art(tmp_path_factory):
     torch.manual_seed(0)
     loose = ApproxConfig(reciprocal_tol=0.05, activation_tol=0.05)
     params = CkksParams(layout="packed", engine="openfhe", insecure_ring_dim=4096, approx=loose)
-    cm = compile_model(tiny(), torch.randn(64, 4, 3, dtype=torch.float64), params)
+    # two blocks: one (depth 20) fits a fresh query's chain and would need no bootstrap
+    cm = compile_model(tiny(n_layers=2), torch.randn(64, 4, 3, dtype=torch.float64), params)
     for name in ("a", "b"):
         cm.backend.keygen(force=True)
         cm.save(root / name, include_secret_key=True)

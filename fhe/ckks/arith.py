@@ -14,7 +14,10 @@ k before the scores, z in every Newton step, a polynomial's input), is bootstrap
 when those products would not fit, rather than each derived value later. A bootstrapping engine
 can also renew a stage's inputs as the stage begins (``entry_levels``, chosen per stage by a search
 over clear runs: :func:`fhe.ckks.placement.search_entry_levels`), which just-in-time renewal alone
-cannot see is cheaper.
+cannot see is cheaper. A bootstrapping engine's fresh input may also hold more levels than a
+bootstrapped value (``input_level`` < 0: OpenFHE's whole chain, the levels its bootstrap would use
+included, before the first bootstrap); levels count up from there, and the chain's end stays
+``max_depth``.
 
 Because the clear and the encrypted evaluation run the same program through the same bookkeeping,
 the clear run predicts the encrypted run's depth, operation counts and refreshes exactly.
@@ -58,6 +61,7 @@ class Arith:
         bootstrap: bool = False,
         entry_levels: Mapping[str, int] | None = None,
         rebuild: bool = False,
+        input_level: int = 0,
     ) -> None:
         if refresh and bootstrap:
             raise ValueError("a value is renewed by the client (refresh) or the server (bootstrap)")
@@ -70,6 +74,8 @@ class Arith:
         # Goldschmidt renews y alone and rebuilds e (fhe.ckks.approx.goldschmidt_reciprocal); the
         # planner's search chooses (fhe.ckks.placement.search_placement)
         self.rebuild = bootstrap and rebuild
+        # a fresh input's level: below 0 when it holds more levels than a bootstrapped value
+        self.input_level = input_level
         self.bootstraps: list[str] = []  # the stage tag of each bootstrap, in run order
         self.tag = "input"
         self.counts: dict[str, Counter] = defaultdict(Counter)
@@ -316,15 +322,16 @@ class ClearArith(Arith):
         bootstrap: bool = False,
         entry_levels: Mapping[str, int] | None = None,
         rebuild: bool = False,
+        input_level: int = 0,
     ) -> None:
-        super().__init__(max_depth, refresh, bootstrap, entry_levels, rebuild)
+        super().__init__(max_depth, refresh, bootstrap, entry_levels, rebuild, input_level)
         self.strict = strict
         self.bootstrap_peaks: list[float] = []  # max |value| entering each bootstrap
         self.ranges: dict[str, tuple[float, float]] = {}  # input range of each approximated op
         self.outside: dict[str, int] = {}  # values that fell outside the op's calibrated interval
 
     def encode(self, x: np.ndarray) -> Val:
-        return Val(np.asarray(x, dtype=np.float64), 0)
+        return Val(np.asarray(x, dtype=np.float64), self.input_level)
 
     def _mul(self, a, b):
         return a * b

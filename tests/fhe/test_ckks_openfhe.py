@@ -248,7 +248,7 @@ def test_a_plan_saved_before_the_baby_steps_keeps_openfhes_own():
 @pytest.fixture(scope="module")
 def compiled():
     torch.manual_seed(0)
-    model = tiny()
+    model = tiny(n_layers=2)  # depth 42: one block (20) fits a fresh query's 24 levels
     x = torch.randn(64, 4, 3, dtype=torch.float64)
     compiled = compile_model(model, x, PARAMS)
     compiled.backend.keygen()
@@ -260,8 +260,11 @@ def test_the_plan_bootstraps_where_the_128_bit_chain_runs_out(compiled):
     backend = compiled[0].backend
     plan, rep = backend.plan, backend.report()
     assert plan.levels_after == levels_after_bootstrap()
-    assert plan.program_depth > plan.levels_after  # the program does not fit one chain
+    assert plan.program_depth > plan.levels_after + plan.fresh_levels  # nor does a fresh query's
     assert rep["bootstraps"] == len(plan.bootstrap_tags) > 0
+    # the query is encoded below the top only as far as no bootstrap is added
+    assert 0 < plan.fresh_levels <= plan.bootstrap_depth
+    assert rep["levels_of_a_fresh_query"] == plan.levels_after + plan.fresh_levels
     assert sum(rep["bootstraps_per_stage"].values()) == rep["bootstraps"]
     assert rep["insecure_test_parameters"] is True and rep["security_bits"] == 0
     assert rep["op_counts"]["client_refresh"] == 0
@@ -283,7 +286,9 @@ def test_encrypted_equals_the_clear_polynomial_program(compiled):
 
 # every kind with a CKKS lowering on the engine; power-softmax is the module's model above,
 # DCT-Former runs by default (its maps hold float round-off that OpenFHE cannot encode: left out,
-# tested here), the rest with -m slow (about 5 s each)
+# tested here), the rest with -m slow (about 5 s each); each with the blocks it takes to be deeper
+# than a fresh query's chain (24 levels)
+BLOCKS = {AttentionKind.ACTIVATOR: 3, AttentionKind.GEGLU_ONLY: 5}
 KINDS = [
     pytest.param(k.value, marks=() if k is AttentionKind.DCT else pytest.mark.slow)
     for k in AttentionKind
@@ -295,7 +300,8 @@ KINDS = [
 def test_every_kind_runs_encrypted_on_the_engine_as_its_clear_program(kind):
     torch.manual_seed(0)
     x = torch.randn(64, 4, 3, dtype=torch.float64)
-    compiled = compile_model(tiny(attention=kind, power_form="stable"), x, PARAMS)
+    blocks = BLOCKS.get(AttentionKind(kind), 2)
+    compiled = compile_model(tiny(attention=kind, power_form="stable", n_layers=blocks), x, PARAMS)
     backend = compiled.backend
     try:
         backend.keygen()
@@ -395,7 +401,10 @@ def test_engine_auto_takes_tenseal_when_one_chain_holds_the_program_else_openfhe
     shallow = compile_model(tiny(ffn_activation="quad", power_p=2, power_eps=1.0), x, auto).backend
     assert shallow.report().get("engine", "tenseal") == "tenseal"
     assert "fits one TenSEAL chain" in shallow.report()["engine_reason"]
-    deep = compile_model(tiny(), x, auto).backend  # depth 21: TenSEAL's chains hold 19 at most
+    deep = compile_model(tiny(), x, auto).backend  # depth 20: TenSEAL's chains hold 19 at most
     rep = deep.report()
     assert rep["engine"] == "openfhe" and "deeper than one TenSEAL chain" in rep["engine_reason"]
-    assert rep["client_assisted_refresh"] is False and rep["bootstraps"] > 0
+    assert rep["client_assisted_refresh"] is False
+    # the whole OpenFHE chain holds it: no bootstrap, and no bootstrapping keys to make
+    assert rep["bootstraps"] == 0 and rep["levels_of_a_fresh_query"] > rep["depth"]
+    assert deep.plan.worker_params()["bootstrap"] is False

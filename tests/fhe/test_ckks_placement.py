@@ -10,7 +10,13 @@ import numpy as np
 
 from fhe.ckks import ClearArith
 from fhe.ckks.openfhe.backend import OpenFhePlan
-from fhe.ckks.placement import count_bootstraps, search_entry_levels
+from fhe.ckks.placement import (
+    Placement,
+    count_bootstraps,
+    fewest_fresh_levels,
+    search_entry_levels,
+    search_placement,
+)
 
 DEPTH = 5  # the levels between bootstraps at the 128-bit N = 2^16 chain
 
@@ -124,6 +130,42 @@ def test_plans_keep_their_placement_and_older_plans_read_as_just_in_time_and_pla
     del d["entry_levels"], d["rebuild"]
     older = OpenFhePlan.from_dict(d)
     assert older.entry_levels == () and older.rebuild is False  # planned plain, just in time
+    assert older.fresh_levels == 0 and older.encoding_level == 19  # queries as encoded before
+    assert dataclasses.replace(plan, fresh_levels=19).encoding_level == 0  # the chain's top
+
+
+def squares(n: int):
+    """A chain of ``n`` products on the input (the run the counts below are made on)."""
+
+    def run(ar):
+        v = ar.encode(np.array([1.0, -1.0]))
+        for _ in range(n):
+            v = ar.square(v)
+
+    return run
+
+
+def test_a_fresh_input_spends_its_extra_levels_before_the_first_bootstrap():
+    # 16 products, 5 levels between bootstraps: 3 bootstraps with a bootstrap's levels (5+5+5+1);
+    # 9 levels more on the fresh input: 1 (14+2), and none for 14 products
+    assert len(count_bootstraps(squares(16), DEPTH, {}).bootstraps) == 3
+    assert len(count_bootstraps(squares(16), DEPTH, {}, fresh_levels=9).bootstraps) == 1
+    assert len(count_bootstraps(squares(14), DEPTH, {}, fresh_levels=9).bootstraps) == 0
+    ar = ClearArith(max_depth=DEPTH, bootstrap=True, input_level=-9)
+    assert ar.encode(np.ones(2)).level == -9
+
+
+def test_the_placement_keeps_the_fewest_fresh_levels_that_give_its_count():
+    # 30 products with up to 19 levels more: 2 bootstraps (24+5+1); 15 levels more still give 2
+    # (20+5+5), 14 give 3 (19+5+5+1)
+    best = search_placement(squares(30), DEPTH, fresh_levels=19)
+    assert (best.bootstraps, best.fresh_levels) == (2, 15)
+    assert len(count_bootstraps(squares(30), DEPTH, {}, fresh_levels=14).bootstraps) == 3
+    # a program that fits the fresh chain: no bootstrap, and only the levels it uses
+    assert search_placement(squares(16), DEPTH, fresh_levels=19) == Placement({}, False, 0, 11)
+    # held to the ceiling: fewer levels that would bootstrap beyond it are refused
+    wide = Placement({}, False, 2, 19)
+    assert fewest_fresh_levels(squares(30), DEPTH, wide, ceiling=0.5) == wide
 
 
 def three_stages(ar, x: np.ndarray):

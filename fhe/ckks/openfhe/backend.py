@@ -119,7 +119,7 @@ class OpenFhePlan:
     large_digits: int
     level_budget: tuple[int, int]
     bootstrap_depth: int  # levels one bootstrap consumes
-    levels_after: int  # levels a fresh or bootstrapped ciphertext has for the program
+    levels_after: int  # levels a bootstrapped ciphertext has for the program
     program_depth: int  # the program's depth with no bootstrap
     bootstrap_tags: tuple[str, ...]  # the stage of each bootstrap, in run order
     peaks: tuple[float, ...]  # the largest |value| entering each bootstrap (calibration samples)
@@ -133,6 +133,15 @@ class OpenFhePlan:
     # Goldschmidt renews y alone and rebuilds e (fhe.ckks.placement.search_placement); False in
     # artifacts planned before: the plain iteration, as they were planned
     rebuild: bool = False
+    # levels a client's fresh ciphertext holds beyond a bootstrapped one (fhe.ckks.placement's
+    # fewest_fresh_levels): it is encoded at OpenFHE level bootstrap_depth − fresh_levels. 0 in
+    # artifacts planned before: encoded at bootstrap_depth, levels_after levels like a bootstrap's
+    fresh_levels: int = 0
+
+    @property
+    def encoding_level(self) -> int:
+        """OpenFHE's level of a client's fresh ciphertext (0: the whole chain)."""
+        return self.bootstrap_depth - self.fresh_levels
 
     @property
     def poly_modulus_degree(self) -> int:
@@ -166,7 +175,7 @@ class OpenFhePlan:
             "baby_steps": list(self.baby_steps),
             "bootstrap": bool(self.bootstrap_tags),
             "rotation_steps": list(self.rotation_steps),
-            "bootstrap_depth": self.bootstrap_depth,  # a fresh ciphertext's encoding level
+            "bootstrap_depth": self.bootstrap_depth,  # the level of load_keys' probe
         }
 
     def to_dict(self) -> dict:
@@ -183,7 +192,9 @@ class OpenFhePlan:
 
     def arith(self, worker: WorkerProcess) -> OpenFheArith:
         """The server's arithmetic for one query: this plan's depth and bootstrap placement."""
-        return OpenFheArith(worker, self.arith_depth, dict(self.entry_levels), self.rebuild)
+        return OpenFheArith(
+            worker, self.arith_depth, dict(self.entry_levels), self.rebuild, -self.fresh_levels
+        )
 
 
 def bootstraps_per_stage(tags) -> dict[str, int]:
@@ -207,6 +218,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         packed = PackedProgram(program, slots)
     unbounded = ClearArith()
     packed.clear(calib_x[:1], unbounded)
+    levels = unbounded.summary()["level_after_tag"]  # the program's depth after each stage
     after, depth = chain_at_128_bits()
     arith_depth = after - 1  # OpenFhePlan.arith_depth
     placement = search_placement(
@@ -214,16 +226,22 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         arith_depth,
         FLAT_ERROR_BOUND,
         check=lambda ar: packed.clear(calib_x[:SEARCH_SAMPLES], ar),
+        fresh_levels=depth,  # the client may encode at the top: the bootstrap's levels too
     )
     entry = placement.entry_levels
     peaks: list[float] = []
     summary: dict = {}
     for sample in calib_x[:PLAN_SAMPLES]:
         ar = ClearArith(
-            max_depth=arith_depth, bootstrap=True, entry_levels=entry, rebuild=placement.rebuild
+            max_depth=arith_depth,
+            bootstrap=True,
+            entry_levels=entry,
+            rebuild=placement.rebuild,
+            input_level=-placement.fresh_levels,
         )
         packed.clear(sample[None], ar)
-        summary = ar.summary()
+        # depth per stage as the program's, not within the chain between two bootstraps
+        summary = {**ar.summary(), "level_after_tag": levels}
         new = ar.bootstrap_peaks  # the same bootstraps for every sample: one program
         peaks = [max(p, q) for p, q in zip(peaks, new, strict=True)] if peaks else list(new)
     plan = OpenFhePlan(
@@ -243,6 +261,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         rotation_steps=tuple(summary["rotation_steps"]),
         entry_levels=tuple(entry.items()),
         rebuild=placement.rebuild,
+        fresh_levels=placement.fresh_levels,
     )
     return plan, summary
 
@@ -380,6 +399,7 @@ class OpenFheBackend:
             "slots": plan.slots,
             "chain_depth": plan.total_depth,
             "levels_after_bootstrap": plan.levels_after,
+            "levels_of_a_fresh_query": plan.levels_after + plan.fresh_levels,
             "bootstrap_depth": plan.bootstrap_depth,
             "level_budget": list(plan.level_budget),
             "bootstrap_baby_steps": list(plan.baby_steps),
@@ -471,11 +491,11 @@ def open_server_worker(folder: Path, evaluation_keys: bool = True) -> WorkerProc
 
 
 def encrypt_samples(worker: WorkerProcess, packed: PackedProgram, plan: OpenFhePlan, x):
-    """(B, T, F) or (T, F) floats → one serialised ciphertext per sample, encoded at the bootstrap's
-    depth, so that a fresh ciphertext has exactly ``levels_after`` levels left."""
+    """(B, T, F) or (T, F) floats → one serialised ciphertext per sample, encoded at the plan's
+    ``encoding_level`` (``levels_after`` + ``fresh_levels`` levels left)."""
     x = np.asarray(x, dtype=np.float64)
     return [
-        worker.to_bytes(worker.encrypt(packed.encode_input(s), plan.bootstrap_depth))
+        worker.to_bytes(worker.encrypt(packed.encode_input(s), plan.encoding_level))
         for s in x.reshape(-1, *x.shape[-2:])
     ]
 
@@ -514,8 +534,8 @@ def run_on(
     ``fresh`` (a served query): the worker refuses a ciphertext that is not fresh at the client's
     encoding level under the keys it has loaded."""
     ar = plan.arith(worker)
-    ct = worker.from_bytes(blob, fresh_level=plan.bootstrap_depth if fresh else None)
-    out = packed.forward(ar, Val(ct, 0))
+    ct = worker.from_bytes(blob, fresh_level=plan.encoding_level if fresh else None)
+    out = packed.forward(ar, Val(ct, ar.input_level))
     return worker.to_bytes(out.data), ar
 
 

@@ -172,8 +172,15 @@ class OpenFheArith(Arith):
         max_depth: int,
         entry_levels: Mapping[str, int] | None = None,
         rebuild: bool = False,
+        input_level: int = 0,
     ) -> None:
-        super().__init__(max_depth, bootstrap=True, entry_levels=entry_levels, rebuild=rebuild)
+        super().__init__(
+            max_depth,
+            bootstrap=True,
+            entry_levels=entry_levels,
+            rebuild=rebuild,
+            input_level=input_level,
+        )
         self.worker = worker
 
     def _op(self, op: str, blobs: tuple[bytes, ...] = (), **fields) -> Ciphertext:
