@@ -16,8 +16,11 @@ Planning (before any key exists), from clear packed runs of the program:
    (``entry_levels``, kept in the plan: the server places its bootstraps by the same rule), and
    whether Goldschmidt's 1/x renews its iterate alone and rebuilds its error term (``rebuild``,
    kept in the plan too: :func:`fhe.ckks.placement.search_placement`). One
-   level is kept below each bootstrap: OpenFHE bootstraps only a ciphertext with a level left. The
-   count and the stage of each bootstrap are in the report;
+   level is kept below each bootstrap: OpenFHE bootstraps only a ciphertext with a level left. A
+   client's query is encoded high enough in the chain to run up to 24 levels before the first
+   bootstrap, as high as that saves bootstraps (``fresh_levels``,
+   :func:`fhe.ckks.placement.fewest_fresh_levels`). The count and the stage of each bootstrap are
+   in the report;
 3. the largest |value| the calibration samples bring to each bootstrap: OpenFHE's error is the
    same for values in [−16, 16] as in [−1, 1] (``ckks_bootstrap.md``) and grew beyond in a one-off
    run (~10x at 64); the report lists them and warns
