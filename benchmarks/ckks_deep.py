@@ -153,6 +153,13 @@ def main() -> None:
     write_table(results, command, load)
 
 
+def latency(seconds: list[float]) -> str:
+    """The median query, and the range when there are several."""
+    if len(seconds) == 1:
+        return f"{seconds[0]:.0f}"
+    return f"{np.median(seconds):.0f} (median; {min(seconds):.1f}-{max(seconds):.1f})"
+
+
 def fresh_levels(row: dict) -> int:
     """A fresh query's levels (rows measured before the client encoded at the chain's top: a
     bootstrap's)."""
@@ -194,7 +201,7 @@ def write_table(results: list[dict], command: str, load: str) -> None:
             f"{100 * r['accuracy_poly_clear']:.2f}% | {r['program_depth']} | {fresh_levels(r)} | "
             f"{r['bootstraps']} | {sum(x['argmax_equal'] for x in s)}/{len(s)} | "
             f"{max(x['max_error'] for x in s):.1e} | "
-            f"{np.median([x['seconds'] for x in s]):.0f} | {r['keygen_s']:.0f} | {keys:.2f} | "
+            f"{latency([x['seconds'] for x in s])} | {r['keygen_s']:.0f} | {keys:.2f} | "
             f"{r['server_peak_bytes'] / gib:.1f} / {r['server_peak_bytes'] / 1e9:.1f} |"
         )
     lines += ["", "Bootstraps per stage:", ""]
