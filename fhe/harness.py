@@ -24,7 +24,8 @@ from fhe.backends import backend_for
 from fhe.errors import InputOverflowError
 from fhe.schemes import CkksParams, Scheme, TfheParams
 from models.transformer import Transformer
-from quant import OverflowPolicy, QuantConfig, QuantizedProgram, export
+from quant import OverflowPolicy, QuantConfig
+from quant.export import QuantizedProgram, export
 
 
 class Backend(Protocol):

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from models.config import Activation, NormKind, TransformerConfig
+from models.polynomials import quad
 
 
 class TokenBatchNorm(nn.BatchNorm1d):
@@ -59,16 +60,6 @@ def make_norm(config: TransformerConfig) -> nn.Module:
     if config.norm is NormKind.BATCHNORM:
         return TokenBatchNorm(config.d_model)
     return nn.Identity()
-
-
-QUAD_COEFFS = (0.5, 0.25, 0.125)  # quad(x) = c₀ + c₁x + c₂x²
-
-
-def quad(x: Tensor) -> Tensor:
-    """0.125x² + 0.25x + 0.5: the degree-2 stand-in for GELU of MPCFormer (Li et al., 2023), which
-    a CKKS program evaluates exactly (one squaring) where GELU needs a fitted polynomial."""
-    c0, c1, c2 = QUAD_COEFFS
-    return c2 * x * x + c1 * x + c0
 
 
 class Quad(nn.Module):

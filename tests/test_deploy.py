@@ -261,6 +261,24 @@ def test_packed_ckks_round_trip_matches_the_clear_program(packed_art):
         served.stop()
 
 
+def test_a_ckks_server_loads_its_artifact_without_torch(ckks_art, packed_art, openfhe_art):
+    """The deploy worker of a CKKS artifact (TenSEAL batch and packed, OpenFHE) imports no torch: it
+    reads a compiled program's numbers only (torch is ~200 MB per process; the OpenFHE-served tree
+    is close to issue 28's 12 GB bound)."""
+    probe = (
+        "import sys; from fhe.deploy.runtime import load_runtime; load_runtime(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    for root in (ckks_art[0], packed_art[0], openfhe_art[0]):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(root / "a" / "server")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == "[]", (root, out.stdout[-300:])
+
+
 @pytest.mark.attack(
     what=(
         "an OpenFHE key set without its rotation keys; a ciphertext under another client's keys; "

@@ -195,7 +195,7 @@ def _tfhe_preflight(path: Path, data_dir) -> tuple[int, int]:
     """(PBS estimate, widest lookup input) of the integer program, without Concrete."""
     from fhe.api.train import load_for_encryption
     from fhe.tfhe.recipe import resolve_quant
-    from quant import ExportError, export
+    from quant.export import ExportError, export
     from quant.report import program_summary
 
     inputs = load_for_encryption(path, data_dir)

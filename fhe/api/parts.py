@@ -57,8 +57,9 @@ from models.training import (
     save_checkpoint,
     train,
 )
-from quant import OverflowPolicy, QuantConfig, export
+from quant import OverflowPolicy, QuantConfig
 from quant.config import DEFAULT_CALIB_SAMPLES
+from quant.export import export
 from quant.program_qat import program_score, train_program
 from quant.qat import prepare_qat, strip_qat
 from quant.report import accuracy, program_summary

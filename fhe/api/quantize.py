@@ -74,7 +74,8 @@ def quantize_file(
     """``fhe quantize``: the model's integer program under ``options``, with its bit widths and
     float vs integer accuracy on the first ``n_test`` test samples. Returns (program, summary)."""
     from models.training import predict
-    from quant import ExportError, RangeOverflowError, export
+    from quant import RangeOverflowError
+    from quant.export import ExportError, export
     from quant.report import accuracy, program_summary
 
     config = options.config()

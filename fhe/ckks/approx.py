@@ -28,7 +28,7 @@ from scipy.special import erf
 
 from fhe.ckks.arith import Arith, Val
 from models.config import Activation
-from models.layers import QUAD_COEFFS, quad
+from models.polynomials import QUAD_COEFFS, quad
 
 
 class ApproximationError(ValueError):
@@ -343,8 +343,9 @@ def relu_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
 
 
 def quad_fit(lo: float, hi: float, tol: float, max_degree: int) -> PolyFit:
-    """quad(x) = c₀ + c₁x + c₂x² (models.layers.quad) in t = (x − mid)/half: exact, nothing fitted
-    (the interval only sets the map that keeps t in [−1, 1], as for every other activation)."""
+    """quad(x) = c₀ + c₁x + c₂x² (models.polynomials.quad) in t = (x − mid)/half: exact, nothing
+    fitted (the interval only sets the map that keeps t in [−1, 1], as for every other
+    activation)."""
     c0, c1, c2 = QUAD_COEFFS
     mid, half = (lo + hi) / 2, (hi - lo) / 2
     return PolyFit(

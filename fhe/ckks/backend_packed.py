@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tenseal.sealapi as sa
-import torch
 
 from fhe.backends import register_backend
 from fhe.ckks.arith import ClearArith, Val
@@ -34,6 +34,9 @@ from fhe.ckks.seal import (
 )
 from fhe.errors import FheError
 from fhe.schemes import CkksLayout, CkksParams
+
+if TYPE_CHECKING:  # a server loads its artifact without torch
+    import torch
 
 
 def is_packed(folder: str | Path) -> bool:

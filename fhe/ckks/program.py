@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from fhe.ckks import approx as A
 from fhe.ckks.affine import Affine, per_position
@@ -36,9 +36,12 @@ from models.config import (
     PowerForm,
     TransformerConfig,
 )
-from models.fold import fold_norms
-from models.transformer import Transformer
-from quant.quantizer import pool_words
+from models.pooling import pool_words
+
+if TYPE_CHECKING:  # a server loads a program without torch (building one needs it)
+    import torch
+
+    from models.transformer import Transformer
 
 
 class PolynomialError(FheError):
@@ -366,6 +369,8 @@ def build_program(
 ) -> PolyProgram:
     """Calibrate ``model``'s polynomial program on ``calib_x`` and fix every approximation (a
     BatchNorm model is compiled with its norms folded into the linear layers: free)."""
+    from models.fold import fold_norms
+
     model = fold_norms(model)
     check_model(model.config)
     weights = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
@@ -376,10 +381,11 @@ def build_program(
     return program
 
 
-@torch.no_grad()
 def float_inference_form(model: Transformer, x: torch.Tensor) -> np.ndarray:
     """The float model in its inference form (length-agnostic PowerSoftmax, Eq. 7): the exact
     function the polynomial program approximates."""
+    import torch
+
     from models.attention.power_softmax import PowerSoftmaxAttention
 
     mods = [m for m in model.modules() if isinstance(m, PowerSoftmaxAttention)]
@@ -389,7 +395,8 @@ def float_inference_form(model: Transformer, x: torch.Tensor) -> np.ndarray:
             m.inference_form = True
         model.eval()
         dtype = next(model.parameters()).dtype
-        return model(torch.as_tensor(x, dtype=dtype)).double().numpy()
+        with torch.no_grad():
+            return model(torch.as_tensor(x, dtype=dtype)).double().numpy()
     finally:
         for m, o in zip(mods, old, strict=True):
             m.inference_form = o

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from models.config import Pooling, TransformerConfig
+from models.pooling import last_word, pool_words
 from models.tasks import load_task
 from models.tasks.imdb import tokenize
 from models.transformer import Transformer, last_kept
-from quant.quantizer import decode_output, last_word, pool_words
+from quant.quantizer import decode_output
 
 TEXTS = [
     "The film was a mess and the plot was dull, but the actor was great.",

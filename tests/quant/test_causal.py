@@ -9,7 +9,8 @@ import torch
 
 from models import Transformer, TransformerConfig
 from models.config import AttentionKind
-from quant import OverflowPolicy, QuantConfig, export
+from quant import OverflowPolicy, QuantConfig
+from quant.export import export
 from quant.mixers._causal import causal_pairs
 
 T = 6

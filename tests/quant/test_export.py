@@ -8,7 +8,8 @@ import torch
 from models import AttentionKind, Transformer, TransformerConfig
 from models.tasks import load_task
 from models.training import TrainConfig, config_for_task, train
-from quant import ExportError, OverflowPolicy, QuantConfig, export
+from quant import OverflowPolicy, QuantConfig
+from quant.export import ExportError, export
 from quant.qat import prepare_qat, strip_qat
 from quant.report import accuracy, program_summary
 

@@ -10,7 +10,8 @@ import torch
 from test_export import tiny  # the export tests' small model (tests/quant is on sys.path)
 
 from models import AttentionKind
-from quant import QuantConfig, export
+from quant import QuantConfig
+from quant.export import export
 from quant.graph_io import load_graph, save_graph
 
 

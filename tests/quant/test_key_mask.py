@@ -10,7 +10,8 @@ import torch
 from models import Transformer, TransformerConfig
 from models.config import AttentionKind
 from models.text import split_text_model
-from quant import OverflowPolicy, QuantConfig, export
+from quant import OverflowPolicy, QuantConfig
+from quant.export import export
 from quant.quantizer import decode_output
 
 VOCAB = ["<pad>", "<unk>"] + [f"w{i}" for i in range(30)]

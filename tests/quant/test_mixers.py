@@ -7,8 +7,9 @@ import torch
 from fhe.ckks.mixers import NoPolyLoweringError, poly_mixer, registered_poly_mixers
 from models.config import AttentionKind, TransformerConfig
 from models.transformer import Transformer
-from quant import ExportError, QuantConfig, export
+from quant import QuantConfig
 from quant import mixers as quant_mixers
+from quant.export import ExportError, export
 from quant.mixers import registered_mixers
 
 

@@ -7,8 +7,9 @@ import torch
 from models import Transformer, TransformerConfig
 from models.tasks import load_task
 from models.training import TrainConfig, config_for_task, train
-from quant import QuantConfig, export
+from quant import QuantConfig
 from quant.config import ATTENTION_POINT, DEFAULT_CALIB_SAMPLES
+from quant.export import export
 from quant.program_qat import fit_quantizers, program_score, train_program, twin_forward
 
 QUANT = QuantConfig(

@@ -48,7 +48,8 @@ class TfheSteps(SchemeSteps):
         from fhe.harness import compile_model
         from fhe.schemes import Rounding, TfheParams
         from fhe.tfhe.recipe import resolve_quant
-        from quant import BitWidthError, ExportError
+        from quant import BitWidthError
+        from quant.export import ExportError
 
         try:
             quant = resolve_quant(

@@ -17,14 +17,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from fhe.ckks import approx as A
 from fhe.ckks.affine import Affine, per_position
 from fhe.ckks.arith import Arith, Val
 from fhe.ckks.mixers import register_poly_mixer
 from fhe.errors import FheError
-from models.attention import functional as AF
 from models.config import AttentionKind
 
 
@@ -46,7 +44,12 @@ def lower_dct(prog, ar: Arith, tag: str, key: str, x: Affine) -> Affine:
 
 
 def dct_matrix(n: int, m: int) -> np.ndarray:
-    """D̄ (m × n) of the float model (models.attention.functional.dct_matrix), in float64."""
+    """D̄ (m × n) of the float model (models.attention.functional.dct_matrix), in float64 (torch
+    imported here: a server of another kind loads its program without it)."""
+    import torch
+
+    from models.attention import functional as AF
+
     return AF.dct_matrix(n, m, dtype=torch.float64).numpy()
 
 

@@ -42,9 +42,9 @@ import weakref
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from fhe import wire
 from fhe.artifacts import verify
@@ -58,6 +58,9 @@ from fhe.ckks.program import PolyProgram, build_program
 from fhe.ckks.serialize import load_program, save_program
 from fhe.errors import FheError, KeysMissingError
 from fhe.schemes import CkksEngine, CkksLayout, CkksParams, Scheme
+
+if TYPE_CHECKING:  # the server and client load artifacts without torch
+    import torch
 
 SECURE_RING = 1 << 16
 SCALE_BITS = 52
