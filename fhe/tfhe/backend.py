@@ -213,7 +213,7 @@ class TfheBackend:
         inp = graph.nodes.get(graph.input_name or "")
         if graph.output_name is None or inp is None or inp.lo is None or inp.hi is None:
             raise NotCompiledError(
-                "the integer program is not calibrated; build it with quant.export first"
+                "the integer program is not calibrated; build it with quant.export.export first"
             )
         input_range = input_range or (inp.lo, inp.hi)
         meta = dict(meta or {})
