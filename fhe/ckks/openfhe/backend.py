@@ -40,7 +40,7 @@ import tempfile
 import time
 import weakref
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,7 +52,7 @@ from fhe.backends import register_backend
 from fhe.ckks.arith import ClearArith, Val
 from fhe.ckks.openfhe.engine import OpenFheArith, WorkerProcess
 from fhe.ckks.packed import PackedProgram, check_packed, min_slots
-from fhe.ckks.placement import search_placement
+from fhe.ckks.placement import count_bootstraps, search_placement
 from fhe.ckks.planner import DepthError
 from fhe.ckks.program import PolyProgram, build_program
 from fhe.ckks.serialize import load_program, save_program
@@ -224,7 +224,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         packed = PackedProgram(program, slots)
     unbounded = ClearArith()
     packed.clear(calib_x[:1], unbounded)
-    levels = unbounded.summary()["level_after_tag"]  # the program's depth after each stage
+    depths = unbounded.summary()  # the program's depth, and its depth after each stage
     after, depth = chain_at_128_bits()
     arith_depth = after - 1  # OpenFhePlan.arith_depth
     placement = search_placement(
@@ -238,16 +238,15 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
     peaks: list[float] = []
     summary: dict = {}
     for sample in calib_x[:PLAN_SAMPLES]:
-        ar = ClearArith(
-            max_depth=arith_depth,
-            bootstrap=True,
-            entry_levels=entry,
-            rebuild=placement.rebuild,
-            input_level=-placement.fresh_levels,
+        ar = count_bootstraps(
+            partial(packed.clear, sample[None]),  # packed.clear(x, ar)
+            arith_depth,
+            entry,
+            placement.rebuild,
+            placement.fresh_levels,
         )
-        packed.clear(sample[None], ar)
         # depth per stage as the program's, not within the chain between two bootstraps
-        summary = {**ar.summary(), "level_after_tag": levels}
+        summary = {**ar.summary(), "level_after_tag": depths["level_after_tag"]}
         new = ar.bootstrap_peaks  # the same bootstraps for every sample: one program
         peaks = [max(p, q) for p, q in zip(peaks, new, strict=True)] if peaks else list(new)
     plan = OpenFhePlan(
@@ -261,7 +260,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         baby_steps=BOOTSTRAP_BABY_STEPS,
         bootstrap_depth=depth,
         levels_after=after,
-        program_depth=unbounded.summary()["depth"],
+        program_depth=depths["depth"],
         bootstrap_tags=tuple(summary["bootstraps"]),
         peaks=tuple(round(p, 4) for p in peaks),
         rotation_steps=tuple(summary["rotation_steps"]),
