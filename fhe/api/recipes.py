@@ -79,7 +79,7 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     # make demo's CKKS model: depth 10, one packed query at N = 16384
     # (benchmarks/results/ckks_packed_digits_quad-batchnorm.md)
     ("digits", Recipe.CKKS): dict(**SHALLOW_POLYNOMIAL, d_model=16, heads=2, epochs=120),
-    # 2 blocks at depth 60: 13 bootstraps per query (benchmarks/results/ckks_deep.md)
+    # 2 blocks at depth 61: 8 bootstraps per query on OpenFHE (benchmarks/results/ckks_deep.md)
     ("digits", Recipe.CKKS_DEEP): dict(**POLYNOMIAL_GELU, d_model=16, heads=2, layers=2, epochs=40),
     # text (docs/text.md, benchmarks/results/text.md)
     # V⁺ into the Inhibitor's ReLU lookups (quant.QuantConfig.inhibitor_positive_v): one review

@@ -74,13 +74,15 @@ def min_slots(program: PolyProgram) -> int:
 
 
 class PackedProgram:
-    """``program`` on one sample packed into ``n_slots`` slots (N/2)."""
+    """``program`` on one sample packed into ``n_slots`` slots (N/2); ``compact_residual``: the
+    residual stream made one ciphertext at each block's first norm (:meth:`compact`)."""
 
-    def __init__(self, program: PolyProgram, n_slots: int) -> None:
+    def __init__(self, program: PolyProgram, n_slots: int, compact_residual: bool = False) -> None:
         check_packed(program)
         if n_slots < min_slots(program):
             raise ValueError(f"the packed program needs {min_slots(program)} slots, got {n_slots}")
         self.program, self.n_slots = program, n_slots
+        self.compact_residual = compact_residual
         cfg = program.config
         self.T, self.stride = cfg.seq_len, stride_of(program)
         self.block = pow2(self.T) * self.stride  # one activation: T' positions of `stride` slots
@@ -134,6 +136,7 @@ class PackedProgram:
             )
         for i in range(cfg.n_layers):
             pre, key = f"block{i}", f"blocks.{i}"
+            h = self.compact(ar, rot, f"{pre}.norm1", h)
             x1 = self._norm(ar, rot, f"{pre}.norm1", f"{key}.norm1", h)
             h = h + packed_mixer(cfg.attention)(self, ar, rot, pre, f"{key}.mixer", x1)
             if cfg.has_ffn:
@@ -178,6 +181,30 @@ class PackedProgram:
         return PVec(
             apply_maps(ar, terms, self.placed((name,), aff.bias, dst), rot, self.n_slots), dst
         )
+
+    def compact(self, ar: Arith, rot: Rotations, tag: str, h: Affine) -> Affine:
+        """The residual stream ``h`` as one ciphertext, made as the norm's stage ``tag`` begins
+        (the norm then reads it): with ``compact_residual``, a norm, and more than one term in
+        ``h``; else ``h``.
+
+        Left lazy, ``h`` keeps every term since the input (each block's mixer and FFN outputs,
+        the fresh query at the chain's top) with its baby-step rotations for the whole run, and
+        every norm multiplies each of them again: the server's memory and its products grow with
+        the blocks. Made here, the stream costs one level, and a bootstrapping engine's norm
+        renews it where the norm's input would be renewed anyway: one bootstrap then serves the
+        norm and every later read of the stream. On issue 28's models the planner placed as many
+        bootstraps as with the lazy stream; made after the norm had read the lazy terms instead
+        (no level on one chain), the 4-block model needed 2 more. On one chain it is a level per
+        block, so only the bootstrapping engine's plan asks for it. A model without a norm reads
+        ``h`` directly: left lazy."""
+        if not self.compact_residual or self.program.config.norm is NormKind.NONE:
+            return h
+        if len(h.terms) < 2:
+            return h
+        with ar.stage(tag):
+            made = self.materialize(ar, rot, f"{tag}.residual", h, self.layout(h.size // self.T))
+        rot.forget(x.val for x, _ in h.terms)
+        return Affine([(made, np.eye(h.size))], np.zeros(h.size))
 
     def shifted(self, ar: Arith, x: Val, levels: int = 1) -> list[Val]:
         """x rotated by r positions, r = 0 … T'−1, as a chain of one-position rotations (one Galois

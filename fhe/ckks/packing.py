@@ -19,6 +19,8 @@ with equal strides) needs 2C − 1 of them whatever T is.
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,21 +135,41 @@ def linear_map(m: np.ndarray, src: Layout, dst: Layout, n_slots: int, n1: int = 
 
 
 class Rotations:
-    """Baby-step rotations of each input, computed once per program run and shared by its maps."""
+    """Baby-step rotations of each input, computed once per program run and shared by its maps,
+    and held only while the input lives: a value the program drops takes its copies with it (on a
+    server, their ciphertexts are freed). The cache holds its inputs weakly, and step 0 (the input
+    itself) is not stored: it would keep the input alive."""
 
     def __init__(self, ar: Arith) -> None:
         self.ar = ar
-        self._cache: dict[int, tuple[Val, dict[int, Val]]] = {}
+        self._cache: dict[int, tuple[weakref.ref[Val], dict[int, Val]]] = {}
 
     def of(self, x: Val, step: int) -> Val:
-        ref, rots = self._cache.setdefault(id(x), (x, {}))
-        if ref is not x:  # an id reused after the value was freed: start afresh
-            self._cache[id(x)] = ref, rots = x, {}
-        if not rots:
+        entry = self._cache.get(id(x))
+        if entry is None or entry[0]() is not x:  # new, or an id reused after a value was freed
+            entry = self._cache[id(x)] = (weakref.ref(x, self._drop(id(x))), {})
             self.ar.before_fanout(x)  # in place: the copies then start from a fresh value
+        rots = entry[1]
+        if step == 0:
+            return x
         if step not in rots:
             rots[step] = self.ar.rotate(x, step)
         return rots[step]
+
+    def _drop(self, key: int) -> Callable[[weakref.ref], None]:
+        """The callback that removes a dead input's entry (and its copies) from the cache."""
+
+        def drop(ref: weakref.ref) -> None:
+            if self._cache.get(key, (None,))[0] is ref:
+                del self._cache[key]
+
+        return drop
+
+    def forget(self, vals: Iterable[Val]) -> None:
+        """Drop the copies of ``vals`` (and the cache's hold on them): values the program will not
+        read again through a map, whose ciphertexts the engine may then free."""
+        for x in vals:
+            self._cache.pop(id(x), None)
 
 
 def apply_maps(

@@ -3,6 +3,7 @@ against the batch program (the same function through rotations and masks), the p
 runs."""
 
 import json
+import weakref
 
 import numpy as np
 import pytest
@@ -76,6 +77,23 @@ def test_rotate_and_sum_both_directions():
     assert back[3] == 0 + 1 + 2 + 3 and back[0] == 0 + 15 + 14 + 13
     with pytest.raises(ValueError, match="power-of-two"):
         rotate_and_sum(ar, x, 1, 3)
+
+
+def test_rotations_are_made_once_and_held_while_their_input_lives():
+    """Rotations: each copy made once and shared; a dropped input takes its copies with it (an
+    engine's server frees their ciphertexts), step 0 included (it is the input itself)."""
+    ar = ClearArith()
+    rot = Rotations(ar)
+    x = ar.encode(np.arange(16.0))
+    copies = [weakref.ref(rot.of(x, step)) for step in (0, 1, 2)]
+    assert copies[0]() is x and rot.of(x, 1) is copies[1]()
+    np.testing.assert_array_equal(copies[2]().data, np.roll(np.arange(16.0), -2))
+    assert ar.summary()["op_counts"]["rotation"] == 2
+    del x
+    assert all(ref() is None for ref in copies)
+    y = ar.encode(np.ones(16))
+    rot.of(y, 1)  # a new input, wherever it lives: its own copies
+    assert ar.summary()["op_counts"]["rotation"] == 3
 
 
 def test_layout_round_trip_and_bad_layouts():
@@ -154,6 +172,55 @@ def test_packed_layernorm_equals_the_batch_program_with_either_approximation(app
     packed.clear(x[:1], ar)
     if approximation == "cubic":
         assert ar.level_out["block0.norm1"] == 5
+
+
+class LiveCopies(ClearArith):
+    """A clear run that counts, as the head begins, the rotated copies still alive (what an
+    engine's server would still hold)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies: list[weakref.ref] = []
+        self.alive_at_head: int | None = None
+
+    def _rotate(self, a, step):
+        if self.tag == "head" and self.alive_at_head is None:
+            self.alive_at_head = sum(ref() is not None for ref in self.copies)
+        out = super()._rotate(a, step)
+        self.copies.append(weakref.ref(out))
+        return out
+
+
+def test_a_compacted_residual_stream_computes_the_same_and_holds_less():
+    """PackedProgram.compact: the residual stream made one ciphertext at each block's first norm.
+    The same outputs as the lazy stream and the batch program, one level per compacted block on
+    one chain (blocks 1 and 2 here), fewer products in the last norm, and fewer rotated copies
+    alive at the end; a model without a norm is left as it was."""
+    torch.manual_seed(3)
+    model = tiny(norm="layernorm", n_layers=3, seq_len=5, d_model=8)
+    x = np.random.default_rng(1).normal(size=(40, 5, model.config.in_features))
+    program = build_program(model, x)
+    runs = {}
+    for compact in (False, True):
+        packed = PackedProgram(program, 4096, compact_residual=compact)
+        np.testing.assert_allclose(packed.clear(x[:4]), program.clear(x[:4]), atol=1e-9)
+        ar = LiveCopies()
+        packed.clear(x[:1], ar)
+        runs[compact] = ar
+    lazy, compacted = runs[False], runs[True]
+    assert compacted.summary()["depth"] == lazy.summary()["depth"] + 2
+    # the final norm reads the last block's compacted stream and its two new terms, not all 7
+    assert compacted.counts["final_norm"]["ct_pt_mul"] < lazy.counts["final_norm"]["ct_pt_mul"]
+    assert compacted.alive_at_head is not None and lazy.alive_at_head is not None
+    assert compacted.alive_at_head < lazy.alive_at_head
+    # no norm: nothing compacted, the same operations
+    plain = build_program(tiny(n_layers=2, seq_len=5), x)
+    counts = []
+    for compact in (False, True):
+        ar = ClearArith()
+        PackedProgram(plain, 4096, compact_residual=compact).clear(x[:1], ar)
+        counts.append(ar.summary()["op_counts"])
+    assert counts[0] == counts[1]
 
 
 INHIBITOR_CASES = {

@@ -124,12 +124,13 @@ def test_plans_keep_their_placement_and_older_plans_read_as_just_in_time_and_pla
         rotation_steps=(1,),
         entry_levels=(("b", 0),),
     )
-    plan = dataclasses.replace(plan, rebuild=True)
+    plan = dataclasses.replace(plan, rebuild=True, compact_residual=True)
     d = json.loads(json.dumps(plan.to_dict()))  # as meta.json holds it
     assert OpenFhePlan.from_dict(d) == plan
-    del d["entry_levels"], d["rebuild"]
+    del d["entry_levels"], d["rebuild"], d["compact_residual"]
     older = OpenFhePlan.from_dict(d)
     assert older.entry_levels == () and older.rebuild is False  # planned plain, just in time
+    assert older.compact_residual is False  # its residual stream lazy, as planned
     assert older.fresh_levels == 0 and older.encoding_level == 19  # queries as encoded before
     assert dataclasses.replace(plan, fresh_levels=19).encoding_level == 0  # the chain's top
 

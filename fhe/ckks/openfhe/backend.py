@@ -19,8 +19,10 @@ Planning (before any key exists), from clear packed runs of the program:
    level is kept below each bootstrap: OpenFHE bootstraps only a ciphertext with a level left. A
    client's query is encoded high enough in the chain to run up to 24 levels before the first
    bootstrap, as high as that saves bootstraps (``fresh_levels``,
-   :func:`fhe.ckks.placement.fewest_fresh_levels`). The count and the stage of each bootstrap are
-   in the report;
+   :func:`fhe.ckks.placement.fewest_fresh_levels`). The residual stream is made one ciphertext at
+   each block's first norm (``compact_residual``, :meth:`fhe.ckks.packed.PackedProgram.compact`),
+   so the server does not hold every block's outputs and their rotations to the end. The count
+   and the stage of each bootstrap are in the report;
 3. the largest |value| the calibration samples bring to each bootstrap: OpenFHE's error is the
    same for values in [−16, 16] as in [−1, 1] (``ckks_bootstrap.md``) and grew beyond in a one-off
    run (~10x at 64); the report lists them and warns
@@ -143,6 +145,9 @@ class OpenFhePlan:
     # fewest_fresh_levels): it is encoded at OpenFHE level bootstrap_depth − fresh_levels. 0 in
     # artifacts planned before: encoded at bootstrap_depth, levels_after levels like a bootstrap's
     fresh_levels: int = 0
+    # the residual stream made one ciphertext at each block's first norm (PackedProgram.compact):
+    # the server's memory no longer grows with the blocks. False in artifacts planned before
+    compact_residual: bool = False
 
     @property
     def encoding_level(self) -> int:
@@ -216,12 +221,12 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
     slots = min_slots(program)
     if slots > ring // 2:
         raise DepthError(f"the packed program needs {slots} slots, more than N = {ring} has")
-    packed = PackedProgram(program, slots)
+    packed = PackedProgram(program, slots, compact_residual=True)
     if not packed.pack_attention and packed.attention_period <= ring // 2:
         # all attention offsets in one ciphertext: one bootstrap where there would be one per
         # offset (issue 28's digits model: 8 bootstraps at 2048 slots, 24 at 256)
         slots = packed.attention_period
-        packed = PackedProgram(program, slots)
+        packed = PackedProgram(program, slots, compact_residual=True)
     unbounded = ClearArith()
     packed.clear(calib_x[:1], unbounded)
     depths = unbounded.summary()  # the program's depth, and its depth after each stage
@@ -267,6 +272,7 @@ def plan_openfhe(program: PolyProgram, calib_x: np.ndarray, params: CkksParams):
         entry_levels=tuple(entry.items()),
         rebuild=placement.rebuild,
         fresh_levels=placement.fresh_levels,
+        compact_residual=packed.compact_residual,
     )
     return plan, summary
 
@@ -284,7 +290,7 @@ class OpenFheBackend:
     ) -> None:
         self.program, self.params, self.plan, self.planned = program, params, plan, planned
         self.meta = meta
-        self.packed = PackedProgram(program, plan.slots)
+        self.packed = PackedProgram(program, plan.slots, plan.compact_residual)
         self.client: WorkerProcess | None = None
         self.server: WorkerProcess | None = None
         self.keys_dir: Path | None = None
@@ -525,7 +531,7 @@ def read_artifact(
     """:func:`open_artifact` for a folder its caller has just verified (GBs of keys hashed once)."""
     meta = {**json.loads((directory / "meta.json").read_text()), "manifest": manifest}
     plan = OpenFhePlan.from_dict(meta["openfhe_plan"])
-    return meta, plan, PackedProgram(load_program(directory), plan.slots)
+    return meta, plan, PackedProgram(load_program(directory), plan.slots, plan.compact_residual)
 
 
 def run_on(
