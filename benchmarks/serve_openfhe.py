@@ -4,10 +4,11 @@ against `fhe run` on the same artifact, in one run (issue 28).
     python benchmarks/serve_openfhe.py                 # 2 test samples each way
     python benchmarks/serve_openfhe.py --n 1 --epochs 20
     python benchmarks/serve_openfhe.py --recipe ckks   # make demo's CKKS model (no bootstrap)
+    python benchmarks/serve_openfhe.py --n 1 --layers 4   # 4 blocks: serve_openfhe_L4.md|json
 
 The model is `fhe train --task digits --recipe ckks-deep` (issue 28's target: 2 blocks, LayerNorm,
 polynomial GELU; `--epochs` shortens its training), compiled with `--engine openfhe` (N = 2^16,
-128-bit: depth 60, beyond a fresh query's 24 levels, so the server bootstraps). Then, one after
+128-bit: depth 61, beyond a fresh query's 24 levels, so the server bootstraps). Then, one after
 the other so that only one copy of the keys is in memory at a time:
 
 1. `fhe run` (fhe.api.run_artifact): client and server in this process, one query per sample;
@@ -16,7 +17,8 @@ the other so that only one copy of the keys is in memory at a time:
    The served process tree's resident memory is sampled every second; its peak is reported.
 
 Both ways are compared with the clear polynomial program (max error, argmax), and the served round
-trip with `fhe run`'s seconds in the same run. Writes benchmarks/results/serve_openfhe.md|json.
+trip with `fhe run`'s seconds in the same run. Writes benchmarks/results/serve_openfhe.md|json
+(with `--layers L`: serve_openfhe_L<L>.md|json).
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2, help="test samples, each way")
     parser.add_argument("--epochs", type=int, default=None, help="shorter training than the recipe")
     parser.add_argument("--recipe", default="ckks-deep", help="fhe train's recipe for the model")
+    parser.add_argument("--layers", type=int, default=None, help="blocks (default: the recipe's)")
     args = parser.parse_args()
     from fhe import api
     from fhe.api.parts import Client
@@ -114,6 +117,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="serve-openfhe-") as tmp:
         tmp = Path(tmp)
         extra = {} if args.epochs is None else {"epochs": args.epochs}
+        extra |= {} if args.layers is None else {"layers": args.layers}
         request = api.TrainRequest(task="digits", recipe=args.recipe, **extra)
         outcome = api.train_model(request, progress=False)
         outcome.save(tmp / "model.pt")
@@ -187,12 +191,14 @@ def main() -> None:
         "served": served,
         "clear": clear.tolist(),
     }
+    layers = "" if args.layers is None else f" --layers {args.layers}"
     lines = [
         "# A bootstrapped CKKS model served (`fhe serve`, OpenFHE engine) against `fhe run`",
         "",
         f"`{command_line()}`",
         "",
-        f"Digits, `--recipe {args.recipe}` (float accuracy {100 * outcome.float_score:.2f}%), "
+        f"Digits, `--recipe {args.recipe}{layers}` "
+        f"(float accuracy {100 * outcome.float_score:.2f}%), "
         f"compiled with `--engine openfhe`: N = 2^16, 128-bit, {report['slots']} slots, depth "
         f"{report['depth']}, {report['bootstraps']} bootstraps per query on the server, no client "
         f"refresh. {args.n} test sample(s) each way, one query each, the same artifact, one after "
@@ -210,9 +216,11 @@ def main() -> None:
         f"hashed, checked by loading it into the OpenFHE worker); key loading at the first "
         f"query: {served[0]['keys_s']:.0f} s (the keys checked at upload stay loaded)",
         f"- keygen {keygen_s:.0f} s; peak resident memory of the whole `fhe serve` process tree "
-        f"(service, worker, OpenFHE worker): {sampler.peak / GIB:.1f} GiB",
+        f"(service, worker, OpenFHE worker): {sampler.peak / GIB:.2f} GiB = "
+        f"{sampler.peak / 1e9:.2f} GB",
     ]
-    write_results("serve_openfhe", lines, data)
+    name = "serve_openfhe" if args.layers is None else f"serve_openfhe_L{args.layers}"
+    write_results(name, lines, data)
     print("\n".join(lines))
 
 
