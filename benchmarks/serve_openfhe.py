@@ -116,8 +116,8 @@ def main() -> None:
     load = f"{os.getloadavg()[0]:.2f}"
     with tempfile.TemporaryDirectory(prefix="serve-openfhe-") as tmp:
         tmp = Path(tmp)
-        extra = {} if args.epochs is None else {"epochs": args.epochs}
-        extra |= {} if args.layers is None else {"layers": args.layers}
+        given = {"epochs": args.epochs, "layers": args.layers}
+        extra = {k: v for k, v in given.items() if v is not None}
         request = api.TrainRequest(task="digits", recipe=args.recipe, **extra)
         outcome = api.train_model(request, progress=False)
         outcome.save(tmp / "model.pt")

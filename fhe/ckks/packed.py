@@ -197,9 +197,8 @@ class PackedProgram:
         (no level on one chain), the 4-block model needed 2 more. On one chain it is a level per
         block, so only the bootstrapping engine's plan asks for it. A model without a norm reads
         ``h`` directly: left lazy."""
-        if not self.compact_residual or self.program.config.norm is NormKind.NONE:
-            return h
-        if len(h.terms) < 2:
+        lazy = not self.compact_residual or self.program.config.norm is NormKind.NONE
+        if lazy or len(h.terms) < 2:
             return h
         with ar.stage(tag):
             made = self.materialize(ar, rot, f"{tag}.residual", h, self.layout(h.size // self.T))

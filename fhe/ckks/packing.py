@@ -166,8 +166,9 @@ class Rotations:
         return drop
 
     def forget(self, vals: Iterable[Val]) -> None:
-        """Drop the copies of ``vals`` (and the cache's hold on them): values the program will not
-        read again through a map, whose ciphertexts the engine may then free."""
+        """Drop the copies of ``vals``, values the program will not read again through a map but
+        that live on elsewhere (the input, which ``PackedProgram.forward`` keeps): the engine may
+        then free the copies' ciphertexts before the values die."""
         for x in vals:
             self._cache.pop(id(x), None)
 
