@@ -19,6 +19,8 @@ DEFAULT_CALIB_SAMPLES = 2000
 # block
 ATTENTION_POINT = re.compile(r"^block\d+\.mix\.(q|k|v|qk)(\.out)?$")
 VALUE_POINT = re.compile(r"^block\d+\.mix\.v(\.out)?$")  # V's alone, of every block
+# the softmax kinds' numerators (exp, x^p), reciprocal and probabilities, of every block
+SOFTMAX_POINT = re.compile(r"^block\d+\.mix\.attn\.(exp|pow|recip|probs)$")
 
 
 class Granularity(str, Enum):
@@ -59,6 +61,11 @@ class QuantConfig:
     the lookups that produce Q, K and V read at most this many bits instead (their output has only
     ``attention_bits``; Concrete puts lookups of one width on one parameter set, so reading 4 bits
     joins the attention's own 4-bit lookups on a smaller one, for one more small rounding PBS each).
+    ``softmax_bits`` (default ``n_bits``; dot-product and PowerSoftmax): the numerators σ(s), the
+    reciprocal of their row sum and the probabilities, the operands of the two encrypted products
+    per score (σ(s)·(1/Σ) and a·V, each two lookups as wide as its operands): at 4 bits instead of
+    6 the IMDB dot-product model's circuit went from an estimated 2,599 s and 11.3 GiB of keys to
+    353 s and 3.1 GiB (one-off compile, 2026-12-07; docs/text.md).
     ``inhibitor_positive_v`` (the unsigned Inhibitor): Eq. (6)'s ReLU reads V⁺, fused into V's own
     lookup, so its T²·d lookups read one bit less; Concrete then gives them cheaper parameters of
     their own: faster, but one more parameter set's keys (the IMDB recipe: measured 71.3 → 63.6 s
@@ -83,6 +90,7 @@ class QuantConfig:
     fold_last_residual: bool = False
     attention_lut_bits: int | None = None
     inhibitor_positive_v: bool = False
+    softmax_bits: int | None = None
 
     def __post_init__(self) -> None:
         coerce_enums(self, weight_granularity=Granularity, range_mode=RangeMode)
@@ -92,7 +100,8 @@ class QuantConfig:
             object.__setattr__(
                 self, "bits_overrides", tuple(tuple(kv) for kv in self.bits_overrides)
             )
-        for name in ("n_bits", "weight_bits", "input_bits", "attention_bits", "value_bits"):
+        widths = ("n_bits", "weight_bits", "input_bits", "attention_bits", "value_bits")
+        for name in (*widths, "softmax_bits"):
             v = getattr(self, name)
             if v is not None and not 2 <= v <= 16:
                 raise ValueError(f"QuantConfig.{name} must be in [2, 16], got {v}")
@@ -119,6 +128,8 @@ class QuantConfig:
         for prefix, bits in self.bits_overrides:
             if point.startswith(prefix):
                 return bits
+        if self.softmax_bits is not None and SOFTMAX_POINT.match(point):
+            return self.softmax_bits
         if self.value_bits is not None and VALUE_POINT.match(point):
             return self.value_bits
         if self.attention_bits is not None and ATTENTION_POINT.match(point):

@@ -164,20 +164,16 @@ def lower_transformer(low: Lowering, model: Transformer, x: Tensor) -> QValue:
         h = low.add_const(h, model.pos[:T], "embed.pos", "embed")
         h = low.requant(h, "embed.out", "embed", signed=True)
     blocks = model.block_list()
-    fold = (
-        low.config.client_pooling
-        and low.config.fold_last_residual
-        and blocks[-1].has_ffn
-        and not masked
-    )
+    fold = low.config.client_pooling and low.config.fold_last_residual and blocks[-1].has_ffn
     for b, block in enumerate(blocks):
         last = fold and b == len(blocks) - 1
         h = lower_block(low, block, h, f"block{b}", cfg, head=model.head if last else None)
-    if fold:  # h is already the per-token logits
-        return _pooled_by_client(h, T)
     if masked:
         assert low.key_mask is not None  # set above for a masked model
-        return masked_pooled_head(low, model, h, low.key_mask)
+        y = h if fold else low.linear(h, model.head.weight, model.head.bias, "head", "head")
+        return masked_pooled_head(low, model, y, low.key_mask)
+    if fold:  # h is already the per-token logits
+        return _pooled_by_client(h, T)
     if low.config.client_pooling:
         return client_pooled_head(low, model, h)
     pooled = low.sum(h, -2, "pool", "head")  # mean pooling: the 1/T goes into the output scale
@@ -220,13 +216,13 @@ def key_mask(low: Lowering, inp: QValue, column: int) -> QValue:
     return low.lut(m, lambda t: (t > 0).to(t.dtype), "input.mask", "input", quantizer=zero_one)
 
 
-def masked_pooled_head(low: Lowering, model: Transformer, h: QValue, m: QValue) -> QValue:
-    """The head per position of a padded input, W h_t + b, beside the mask m_t: (T, n_out + 1).
-    The client weighs the decrypted rows by m_t and divides by Σ m_t, its number of words, which
-    the server never learns (:func:`~quant.quantizer.decode_output` with ``masked``): the masked
-    mean pooling of the float model, at no cost in the program. A next-word model
-    (``Pooling.LAST``) outputs the same, and the client keeps its last word's row."""
-    y = low.linear(h, model.head.weight, model.head.bias, "head", "head")
+def masked_pooled_head(low: Lowering, model: Transformer, y: QValue, m: QValue) -> QValue:
+    """The head per position of a padded input, y_t = W h_t + b (``y``; with the last residual
+    folded in, :func:`residual_into_head`), beside the mask m_t: (T, n_out + 1). The client weighs
+    the decrypted rows by m_t and divides by Σ m_t, its number of words, which the server never
+    learns (:func:`~quant.quantizer.decode_output` with ``masked``): the masked mean pooling of the
+    float model, at no cost in the program. A next-word model (``Pooling.LAST``) outputs the same,
+    and the client keeps its last word's row."""
     out = low.graph.add("head.out", "concat", (y.node, m.node), axis=-1)
     if model.config.pooling is Pooling.LAST:
         pooled = last_kept(y.fake, m.fake[..., 0] > 0.5)

@@ -104,12 +104,16 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
         },
     ),
     ("imdb", Recipe.CKKS): dict(**TEXT_FRONT_END, **SHALLOW_POLYNOMIAL, heads=2),
-    # 6-bit weights and inputs (the TFHE defaults' are 4): in one-off trials the integer program
-    # after QAT scored 19.7% at 4 bits and 22.5% at 6, against 26.2% for float before QAT
-    # (benchmarks/results/text.md has the 6-bit row)
-    ("imdb-lm", Recipe.TFHE): dict(
-        **LM_WORDS, **TFHE_TEXT, qat_quant={"weight_bits": 6, "input_bits": 6}
-    ),
+    # d = 16 with 6-bit weights, inputs and lookups: the width sweep's first LM shape within a point
+    # of its float model on seeds 0-2 (benchmarks/results/text_widths.md, imdb-lm-L1-T16-d16); at
+    # d = 8 the 6-bit lookups left it 1.5-2.8 points under, and only 6-bit Q/K/V as well came within
+    # a point (on 1 seed of 3, 8.7 GiB of keys). A 64-way head reads 16 dimensions, not 8
+    ("imdb-lm", Recipe.TFHE): {
+        **LM_WORDS,
+        **TFHE_TEXT,
+        "d_model": 16,
+        "qat_quant": {"weight_bits": 6, "input_bits": 6, "lut_bits": 6},
+    },
     ("imdb-lm", Recipe.CKKS): dict(**LM_WORDS, **SHALLOW_POLYNOMIAL, heads=2),
 }
 
@@ -126,11 +130,21 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
 # 1.69 GiB). Padded word positions (no segments; shape imdb-L1-T32-padded-mean-norm): each word
 # vector at unit RMS (the recipe's segment_norm, one word per segment) and the 2-block widths: 3 of
 # 3, mean gap 0.55, program 65.65%, est. 317 s, 1.73 GiB; the T = 32 widths there, 3 of 3 but
-# 1.91 GiB (2.05 GB); without the norm, 2 of 3 at best (1.99 GiB). `with_recipe` applies each that
+# 1.91 GiB (2.05 GB); without the norm, 2 of 3 at best (1.99 GiB). Its last residual stays out of
+# the head (fold_last_residual off): folded, 3 of 3, mean gap 0.64, est. 311 s, but 2.18 GiB (2.34
+# GB: over the text issue's 2 GB; the next-word recipe folds it). `with_recipe` applies each that
 # the model goes beyond, in the order causal, deeper, longer, padded (the later win: a deeper
 # causal model takes the 2-block widths), except the options given.
 _WIDE_TEXT_ATTENTION = {"inhibitor_positive_v": True, "attention_bits": 4, "attention_lut_bits": 5}
 _FIVE_BIT_TEXT = dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5})
+
+
+# A recipe's widths for the softmax kinds (dot-product, PowerSoftmax), over its qat_quant: the IMDB
+# TFHE recipe's numerators, reciprocal and probabilities at 4 bits (quant.QuantConfig.softmax_bits),
+# the operands of the two encrypted products per score. The dot-product model at the recipe's 6:
+# est. 2,599 s per review and 11.3 GiB of keys (not run); at 4: est. 353 s and 3.06 GiB, program
+# 82.70% against 82.95% float (one-off, seed 0; benchmarks/results/text.md's dot-product row)
+SOFTMAX_WIDTHS: dict[tuple[str, Recipe], dict] = {("imdb", Recipe.TFHE): {"softmax_bits": 4}}
 
 
 @dataclass(frozen=True)
@@ -150,7 +164,7 @@ BEYOND_SHAPE: dict[tuple[str, Recipe], BeyondShape] = {
         blocks=_FIVE_BIT_TEXT,
         causal=dict(qat_quant={"inhibitor_positive_v": True, "input_bits": 6}),
         segments=dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 6, "input_bits": 6}),
-        padded=_FIVE_BIT_TEXT,
+        padded=dict(qat_quant={**_FIVE_BIT_TEXT["qat_quant"], "fold_last_residual": False}),
     ),
 }
 

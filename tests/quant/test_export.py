@@ -351,3 +351,34 @@ def test_the_inhibitor_means_program_follows_the_float_means_model_folded_or_not
         err = np.abs(got - ref).max()
         assert err < 0.02 * np.abs(ref).max() + 1e-3
         assert err < 0.1 * np.abs(other - ref).max()
+
+
+@pytest.mark.parametrize("kind", [AttentionKind.DOT_PRODUCT, AttentionKind.POWER_SOFTMAX])
+def test_softmax_bits_narrow_the_operands_of_the_encrypted_products(kind):
+    """``softmax_bits`` quantizes the numerators, the reciprocal and the probabilities (the
+    operands of σ(s)·(1/Σ) and a·V) to its width and no other point; the program still equals its
+    fake-quantized twin, and its widest encrypted value narrows."""
+    torch.manual_seed(5)
+    model = tiny(kind, n_layers=2)
+    x = torch.rand(250, 6, 5, dtype=torch.float64)
+    wide = export(model, x, QuantConfig(n_bits=6))
+    narrow = export(model, x, QuantConfig(n_bits=6, softmax_bits=3))
+
+    def out_bits(program):  # each lookup's calibrated output width
+        return {n.name: n.bits for n in program.graph.nodes.values() if n.op == "lut"}
+
+    softmax = {
+        f"block{b}.mix.attn.{p}"
+        for b in (0, 1)
+        for p in ("exp" if kind is AttentionKind.DOT_PRODUCT else "pow", "recip", "probs")
+    }
+    got, before = out_bits(narrow), out_bits(wide)
+    assert softmax <= set(got) and all(got[p] <= 3 < before[p] for p in softmax)
+    assert {p: b for p, b in got.items() if p not in softmax} == {
+        p: b for p, b in before.items() if p not in softmax
+    }
+    out_int, clipped = narrow.run_int(narrow.quantize_input(x), OverflowPolicy.CLIP)
+    assert not clipped
+    np.testing.assert_allclose(narrow.dequantize_output(out_int), narrow.fake_forward(x), atol=1e-9)
+    for product in (f"block{b}.mix.attn.{p}" for b in (0, 1) for p in ("norm", "av")):
+        assert narrow.graph.nodes[product].bits < wide.graph.nodes[product].bits, product

@@ -101,3 +101,34 @@ def test_the_mask_costs_one_lookup_per_key_value():
         "input.mask": (T, 1),  # the client's column as exact 0/1 integers
         "block0.mix.v.masked": (2, T, 4),  # V per head: padding keys inhibit nothing
     }
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_a_padded_programs_last_residual_folds_into_its_head(pooling):
+    """With ``fold_last_residual`` (the TFHE recipe's), a padded model's last FFN residual goes
+    straight into its per-position head, as an unpadded model's does: no requantisation lookups
+    there, the same decoded logits (masked mean or last word) up to that requantisation's rounding,
+    and the padding positions still change nothing."""
+    model, ids, x, program_model = _split(AttentionKind.INHIBITOR, True, pooling, tie_qk=True)
+    plain = QuantConfig(n_bits=10, client_pooling=True)
+    folded = export(program_model, x[:250], plain.replace(fold_last_residual=True))
+    unfolded = export(program_model, x[:250], plain)
+
+    def luts(program):
+        return {n.name for n in program.graph.nodes.values() if n.op == "lut"}
+
+    assert "block0.res2.out" in luts(unfolded)
+    assert luts(folded) == luts(unfolded) - {"block0.res2.out"}  # that requantisation, no other
+    assert folded.graph.nodes["head.out"].op == "concat"  # the logits beside the mask, as before
+    out, clipped = folded.run_int(folded.quantize_input(x[:50]), OverflowPolicy.CLIP)
+    assert not clipped and out.shape == (50, T, 3)
+    got = folded.dequantize_output(out)
+    np.testing.assert_allclose(got, folded.fake_forward(x[:50]), rtol=1e-9, atol=1e-9)
+    with torch.no_grad():
+        want = np.stack([model(ids[i : i + 1, : int((ids[i] != 0).sum())])[0] for i in range(50)])
+    assert np.abs(got - want).max() < (0.03 if pooling == "mean" else 0.05)
+    garbage = x[:50].clone()
+    pad = garbage[..., -1] == 0
+    garbage[..., :-1][pad] = 0.3 * torch.randn(int(pad.sum()), 8, dtype=torch.float64)
+    again, _ = folded.run_int(folded.quantize_input(garbage), OverflowPolicy.CLIP)
+    np.testing.assert_array_equal(folded.dequantize_output(again), got)
