@@ -83,7 +83,6 @@ def inhibitor_mean_scale(T: int, causal: bool) -> np.ndarray:
 
 
 INHIBITOR_KINDS = (AttentionKind.INHIBITOR, AttentionKind.SIGNED_INHIBITOR)
-SOFTMAX_KINDS = (AttentionKind.DOT_PRODUCT, AttentionKind.POWER_SOFTMAX)  # a normalized σ(QKᵀ)
 
 # the kinds whose attention takes a mask (key padding, causal); the others are token-local
 # (activator, geglu-only: a padding position changes nothing but itself) or mix positions through a

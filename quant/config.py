@@ -65,7 +65,7 @@ class QuantConfig:
     reciprocal of their row sum and the probabilities, the operands of the two encrypted products
     per score (σ(s)·(1/Σ) and a·V, each two lookups as wide as its operands): at 4 bits instead of
     6 the IMDB dot-product model's circuit went from an estimated 2,599 s and 11.3 GiB of keys to
-    353 s and 3.1 GiB (one-off compile, 2026-12-07; docs/text.md).
+    353 s and 3.1 GiB (one review measured in 622.4 s; docs/text.md).
     ``inhibitor_positive_v`` (the unsigned Inhibitor): Eq. (6)'s ReLU reads V⁺, fused into V's own
     lookup, so its T²·d lookups read one bit less; Concrete then gives them cheaper parameters of
     their own: faster, but one more parameter set's keys (the IMDB recipe: measured 71.3 → 63.6 s

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from fhe.errors import BadOptionError
+from models.config import AttentionKind
 
 
 class Recipe(str, Enum):
@@ -139,12 +140,15 @@ _WIDE_TEXT_ATTENTION = {"inhibitor_positive_v": True, "attention_bits": 4, "atte
 _FIVE_BIT_TEXT = dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "input_bits": 5})
 
 
-# A recipe's widths for the softmax kinds (dot-product, PowerSoftmax), over its qat_quant: the IMDB
-# TFHE recipe's numerators, reciprocal and probabilities at 4 bits (quant.QuantConfig.softmax_bits),
-# the operands of the two encrypted products per score. The dot-product model at the recipe's 6:
-# est. 2,599 s per review and 11.3 GiB of keys (not run); at 4: est. 353 s and 3.06 GiB, program
-# 82.70% against 82.95% float (one-off, seed 0; benchmarks/results/text.md's dot-product row)
-SOFTMAX_WIDTHS: dict[tuple[str, Recipe], dict] = {("imdb", Recipe.TFHE): {"softmax_bits": 4}}
+# A recipe's widths per attention kind, over its qat_quant. The IMDB TFHE recipe's dot-product: its
+# softmax's numerators, reciprocal and probabilities at 4 bits (quant.QuantConfig.softmax_bits), the
+# operands of the two encrypted products per score. At the recipe's 6: est. 2,599 s per review and
+# 11.3 GiB of keys (not run); at 4: 622.4 s measured (est. 353 s), 3137 MiB of keys, program 82.70%
+# against 82.95% float (seed 0; benchmarks/results/text.md's tfhe-dot-product row). PowerSoftmax
+# was not measured at 4 bits, so it keeps the recipe's widths
+KIND_WIDTHS: dict[tuple[str, Recipe], dict[AttentionKind, dict]] = {
+    ("imdb", Recipe.TFHE): {AttentionKind.DOT_PRODUCT: {"softmax_bits": 4}},
+}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from fhe.api.recipes import Recipe
 from fhe.errors import BadOptionError
 from models.config import (
     INHIBITOR_KINDS,
-    SOFTMAX_KINDS,
     Activation,
     AttentionKind,
     InputKind,
@@ -318,12 +317,11 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     gets the recipe's options for that shape where it has them
     (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths, as its sweep found
     best there). Options that do not apply to the model are dropped: the Inhibitor's means for
-    another kind (and its K = Q), the norm range loss without LayerNorm. The softmax kinds take
-    the recipe's softmax widths (:data:`fhe.api.recipes.SOFTMAX_WIDTHS`) unless ``qat_quant`` was
-    given."""
+    another kind (and its K = Q), the norm range loss without LayerNorm. A kind takes the recipe's
+    widths for it (:data:`fhe.api.recipes.KIND_WIDTHS`) unless ``qat_quant`` was given."""
     if req.recipe is None:
         return req
-    from fhe.api.recipes import BEYOND_SHAPE, SOFTMAX_WIDTHS, recipe_for
+    from fhe.api.recipes import BEYOND_SHAPE, KIND_WIDTHS, recipe_for
 
     defaults = TrainRequest()
     recipe = recipe_for(req.task, req.recipe)
@@ -358,10 +356,10 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
             o: False for o in ("inhibitor_mean", "tie_qk") if getattr(out, o) and o not in given
         }
         out = dataclasses.replace(out, **dropped)
-    softmax = SOFTMAX_WIDTHS.get((req.task, Recipe(req.recipe)))
+    widths = KIND_WIDTHS.get((req.task, Recipe(req.recipe)), {}).get(out.attention)
     typed = "qat_quant" in given or req.qat_quant != defaults.qat_quant
-    if softmax and out.attention in SOFTMAX_KINDS and not typed:
-        out = dataclasses.replace(out, qat_quant={**out.qat_quant, **softmax})
+    if widths and not typed:
+        out = dataclasses.replace(out, qat_quant={**out.qat_quant, **widths})
     return out
 
 
