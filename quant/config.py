@@ -100,8 +100,14 @@ class QuantConfig:
             object.__setattr__(
                 self, "bits_overrides", tuple(tuple(kv) for kv in self.bits_overrides)
             )
-        widths = ("n_bits", "weight_bits", "input_bits", "attention_bits", "value_bits")
-        for name in (*widths, "softmax_bits"):
+        for name in (
+            "n_bits",
+            "weight_bits",
+            "input_bits",
+            "attention_bits",
+            "value_bits",
+            "softmax_bits",
+        ):
             v = getattr(self, name)
             if v is not None and not 2 <= v <= 16:
                 raise ValueError(f"QuantConfig.{name} must be in [2, 16], got {v}")

@@ -107,7 +107,7 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     ("imdb", Recipe.CKKS): dict(**TEXT_FRONT_END, **SHALLOW_POLYNOMIAL, heads=2),
     # d = 16 with 6-bit weights, inputs and lookups: the width sweep's first LM shape within a point
     # of its float model on seeds 0-2 (benchmarks/results/text_widths.md, imdb-lm-L1-T16-d16); at
-    # d = 8 the 6-bit lookups left it 1.5-2.8 points under, and only 6-bit Q/K/V as well came within
+    # d = 8 the 6-bit lookups left it 1.0-3.5 points under, and only 6-bit Q/K/V as well came within
     # a point (on 1 seed of 3, 8.7 GiB of keys). A 64-way head reads 16 dimensions, not 8
     ("imdb-lm", Recipe.TFHE): {
         **LM_WORDS,
