@@ -39,15 +39,12 @@ from benchmarks._results import command_line, merged_with_saved, write_results  
 ONE_BLOCK = {"inhibitor_positive_v": True}  # the 1-block sentiment recipe's
 WIDE_ATTENTION = {"attention_bits": 4, "attention_lut_bits": 5}
 WIDE_V = {"value_bits": 4, "attention_lut_bits": 6}  # V alone at 4 bits (Q/K at 3), 6-bit reads
+# the 2-block and padded rule's widths
+FIVE_BIT = {**ONE_BLOCK, **WIDE_ATTENTION, "weight_bits": 5, "input_bits": 5}
 CANDIDATES = {
     "imdb": {
         "1-block recipe": ONE_BLOCK,
-        "5-bit weights/inputs, 4-bit Q/K/V": {
-            **ONE_BLOCK,
-            **WIDE_ATTENTION,
-            "weight_bits": 5,
-            "input_bits": 5,
-        },
+        "5-bit weights/inputs, 4-bit Q/K/V": FIVE_BIT,
         "6-bit weights/inputs, 4-bit Q/K/V": {
             **ONE_BLOCK,
             **WIDE_ATTENTION,
@@ -56,13 +53,7 @@ CANDIDATES = {
         },
         # padded positions' last residual kept out of the head (their programs fold it since
         # 2026-12-07; the padded rows measured before ran these programs)
-        "5-bit weights/inputs, 4-bit Q/K/V, unfolded": {
-            **ONE_BLOCK,
-            **WIDE_ATTENTION,
-            "weight_bits": 5,
-            "input_bits": 5,
-            "fold_last_residual": False,
-        },
+        "5-bit weights/inputs, 4-bit Q/K/V, unfolded": {**FIVE_BIT, "fold_last_residual": False},
         "5-bit weights/inputs, 5-bit Q/K/V": {  # read by 6-bit lookups
             **ONE_BLOCK,
             "attention_bits": 5,
