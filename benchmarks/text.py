@@ -71,7 +71,7 @@ FULL = [
     # the same with 6-bit weights, inputs, Q/K/V and lookups (the TFHE defaults: 4, 4, 3, 5 and 4)
     Row("tfhe", "inhibitor", 2, 16, 0, {"qat_quant": WIDE_QUANT}, tag="6bit"),
     Row("tfhe", "inhibitor", 1, 32, 1),
-    Row("tfhe", "dot-product", 1, 16, 1, {"tie_qk": False}),  # the recipe's 4-bit softmax
+    Row("tfhe", "dot-product", 1, 16, 1, {"tie_qk": False}),  # the recipe's 3-bit softmax
     Row("ckks", "power-softmax", 1, 16, 20),
     Row("ckks", "power-softmax", 2, 16, 20),
     Row("ckks", "power-softmax", 1, 32, 5),

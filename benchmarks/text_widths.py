@@ -5,7 +5,8 @@
     python benchmarks/text_widths.py --only causal --candidate '5-bit Q/K/V'
 
 For each shape (1 block at T = 16, the recipe's own; 2 blocks at T = 16; 1 block at T = 32; 1
-causal block at T = 16; the first 32 words padded; the next-word model; ``-mean``: with the
+causal block at T = 16; the first 32 words padded; the next-word model; the 1-block recipe with
+dot-product attention; ``-mean``: with the
 Inhibitor's sums as means, ``--inhibitor-mean``; ``-norm``: each segment mean scaled to unit RMS on
 the client, ``--segment-norm``) and each candidate quantization, a model is
 trained per seed with ``fhe train --task <task> --recipe tfhe`` and the candidate as
@@ -41,6 +42,8 @@ WIDE_ATTENTION = {"attention_bits": 4, "attention_lut_bits": 5}
 WIDE_V = {"value_bits": 4, "attention_lut_bits": 6}  # V alone at 4 bits (Q/K at 3), 6-bit reads
 # the 2-block and padded rule's widths
 FIVE_BIT = {**ONE_BLOCK, **WIDE_ATTENTION, "weight_bits": 5, "input_bits": 5}
+RECIPE = {**ONE_BLOCK, **WIDE_V, "input_bits": 6}  # the 1-block recipe's widths (fhe.api.recipes)
+Z_POINT = r"block\d+\.mix\.attn\.z$"  # the Inhibitor's z = (‖q − k‖₁/γ − α)⁺ lookups
 CANDIDATES = {
     "imdb": {
         "1-block recipe": ONE_BLOCK,
@@ -90,6 +93,10 @@ CANDIDATES = {
             "attention_bits": 4,
             "attention_lut_bits": 6,
         },
+        # the dot-product's softmax (numerators, reciprocal, probabilities) narrower: operands of
+        # its encrypted products σ(s)·(1/Σ) and a·V
+        "recipe, 4-bit softmax": {**RECIPE, "softmax_bits": 4},
+        "recipe, 3-bit softmax": {**RECIPE, "softmax_bits": 3},
     },
     "imdb-lm": {
         "6-bit weights/inputs": {"weight_bits": 6, "input_bits": 6},
@@ -102,6 +109,20 @@ CANDIDATES = {
         },
         "6-bit weights/inputs, 4-bit Q/K/V": {**WIDE_ATTENTION, "weight_bits": 6, "input_bits": 6},
         "6-bit weights/inputs, 6-bit lookups": {"weight_bits": 6, "input_bits": 6, "lut_bits": 6},
+        # z's lookups read 4 bits (its output has 2): the 6-bit lookups are then only the
+        # residual's and the FFN's
+        "6-bit weights/inputs/lookups, 4-bit z": {
+            "weight_bits": 6,
+            "input_bits": 6,
+            "lut_bits": 6,
+            "lut_bits_overrides": {Z_POINT: 4},
+        },
+        "6-bit weights/inputs/lookups, 5-bit z": {
+            "weight_bits": 6,
+            "input_bits": 6,
+            "lut_bits": 6,
+            "lut_bits_overrides": {Z_POINT: 5},
+        },
         "6-bit weights/inputs/lookups, 6-bit Q/K/V": {
             "weight_bits": 6,
             "input_bits": 6,
@@ -123,12 +144,15 @@ class Shape:
     mean: bool = False  # the Inhibitor's sums as means (``--inhibitor-mean``)
     norm: bool = False  # segment means at unit RMS (``--segment-norm``)
     d_model: int | None = None  # the width, where not the recipe's
+    attention: str = "inhibitor"  # ``--attention``
 
 
 SHAPES = {
     "imdb-L1-T16": Shape("imdb", 1, 16),  # the shape the 1-block recipe was tuned on
     "imdb-L1-T16-mean": Shape("imdb", 1, 16, mean=True),  # the same with means
     "imdb-L1-T16-mean-norm": Shape("imdb", 1, 16, mean=True, norm=True),  # the recipe's
+    # the same recipe with dot-product attention
+    "imdb-L1-T16-dot-product": Shape("imdb", 1, 16, norm=True, attention="dot-product"),
     "imdb-L2-T16": Shape("imdb", 2, 16),
     "imdb-L2-T16-mean": Shape("imdb", 2, 16, mean=True),
     "imdb-L2-T16-norm": Shape("imdb", 2, 16, norm=True),
@@ -161,6 +185,7 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
     quant = CANDIDATES[s.task][candidate]
     req = api.TrainRequest(
         task=s.task,
+        attention=s.attention,
         recipe="tfhe",
         layers=s.layers,
         seq_len=s.seq_len,
@@ -173,7 +198,15 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
         qat_quant=quant,
         data_dir=Path(data_dir) if data_dir else None,
     )
-    given = {"layers", "seq_len", "seed", "qat_quant", "inhibitor_mean", "segment_norm"}
+    given = {
+        "layers",
+        "seq_len",
+        "seed",
+        "qat_quant",
+        "inhibitor_mean",
+        "segment_norm",
+        "attention",
+    }
     given |= {"words"} if s.padded else set()
     given |= {"d_model"} if s.d_model else set()
     req = api.with_recipe(req, given=frozenset(given))
@@ -284,6 +317,12 @@ def markdown(summary: list[dict], load: str, command: str, cost_seed: int) -> li
         "without keys (the compiler's latency estimate, not a measurement). Short reviews refused: "
         "by that circuit, the test reviews cut to their first 8 / 16 words (— where not measured "
         "or the input is padded word by word).",
+        "",
+        "Each cell's cost is its circuit's on the day it ran. Since 2026-12-07 (stop 58) the key "
+        "mask's lookup on a signed V reads one bit less, and so do the encrypted products of an "
+        "unsigned and a signed operand: the masked cells without V⁺ run before then (next word "
+        "at d = 8; d = 16 with 6-bit weights/inputs; padded without V⁺) compile to other circuits "
+        "now (the d = 16 recipe's cell, rerun: 2.47 → 2.06 GiB).",
         "",
         "| shape | widths (`--qat-quant`) | float (mean) | program (mean) | gap per seed (points) "
         "| seeds within 1 point | PBS | est. latency | eval. keys | short reviews refused |",

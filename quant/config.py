@@ -35,7 +35,7 @@ class RangeMode(str, Enum):
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """How a float model becomes an integer program.
+    r"""How a float model becomes an integer program.
 
     ``n_bits``: activations at every requantisation point; ``weight_bits`` (default ``n_bits``): the
     clear weights; ``input_bits`` (default ``n_bits``): the client's encrypted input.
@@ -63,9 +63,15 @@ class QuantConfig:
     joins the attention's own 4-bit lookups on a smaller one, for one more small rounding PBS each).
     ``softmax_bits`` (default ``n_bits``; dot-product and PowerSoftmax): the numerators σ(s), the
     reciprocal of their row sum and the probabilities, the operands of the two encrypted products
-    per score (σ(s)·(1/Σ) and a·V, each two lookups as wide as its operands): at 4 bits instead of
-    6 the IMDB dot-product model's circuit went from an estimated 2,599 s and 11.3 GiB of keys to
-    353 s and 3.1 GiB (one review measured in 622.4 s; docs/text.md).
+    per score (σ(s)·(1/Σ) and a·V, each two lookups as wide as its operands): the IMDB
+    dot-product model's circuit is estimated at 2,599 s and 11.3 GiB of keys with 6 bits, 267 s and
+    2.01 GiB with 4, 207 s and 1.57 GiB with 3 (its TFHE recipe; docs/text.md).
+    ``lut_bits_overrides`` (with ``lut_bits``): per-lookup widths, as ((pattern, bits), ...) or a
+    dict; a lookup whose point name matches a pattern from its start (``re.match``; the first that
+    matches wins) rounds its input to that width instead, e.g. ``{r"block\d+\.mix\.attn\.z$": 4}``
+    for the Inhibitor's z. Concrete puts the lookups of one width on one parameter set, and each set
+    brings its own bootstrap key and keyswitch keys to and from the others, so one lookup moved
+    off a width can change the keys far more than its PBS (benchmarks/results/text_widths.md).
     ``inhibitor_positive_v`` (the unsigned Inhibitor): Eq. (6)'s ReLU reads V⁺, fused into V's own
     lookup, so its T²·d lookups read one bit less; Concrete then gives them cheaper parameters of
     their own: faster, but one more parameter set's keys (the IMDB recipe: measured 71.3 → 63.6 s
@@ -91,15 +97,16 @@ class QuantConfig:
     attention_lut_bits: int | None = None
     inhibitor_positive_v: bool = False
     softmax_bits: int | None = None
+    lut_bits_overrides: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         coerce_enums(self, weight_granularity=Granularity, range_mode=RangeMode)
         if isinstance(self.bits_overrides, dict):
             object.__setattr__(self, "bits_overrides", tuple(sorted(self.bits_overrides.items())))
-        if isinstance(self.bits_overrides, list):
-            object.__setattr__(
-                self, "bits_overrides", tuple(tuple(kv) for kv in self.bits_overrides)
-            )
+        for name in ("bits_overrides", "lut_bits_overrides"):  # JSON: a dict or [[key, bits]]
+            pairs = getattr(self, name)
+            pairs = pairs.items() if isinstance(pairs, dict) else pairs  # a dict keeps its order
+            object.__setattr__(self, name, tuple((str(k), int(b)) for k, b in pairs))
         for name in (
             "n_bits",
             "weight_bits",
@@ -111,10 +118,22 @@ class QuantConfig:
             v = getattr(self, name)
             if v is not None and not 2 <= v <= 16:
                 raise ValueError(f"QuantConfig.{name} must be in [2, 16], got {v}")
-        for name in ("lut_bits", "attention_lut_bits"):
-            v = getattr(self, name)
+        for name, v in (
+            ("lut_bits", self.lut_bits),
+            ("attention_lut_bits", self.attention_lut_bits),
+            *((f"lut_bits_overrides[{p!r}]", b) for p, b in self.lut_bits_overrides),
+        ):
             if v is not None and not 2 <= v <= 16:
                 raise ValueError(f"{name} must be in [2, 16], got {v}")
+        for pattern, _ in self.lut_bits_overrides:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(
+                    f"lut_bits_overrides: {pattern!r} is not a regular expression ({e})"
+                ) from None
+        if self.lut_bits_overrides and self.lut_bits is None:
+            raise ValueError("lut_bits_overrides needs lut_bits (lookups rounded to a width)")
         if self.rounding_bits < 0:
             raise ValueError(f"rounding_bits must be >= 0, got {self.rounding_bits}")
         if self.fold_last_residual and not self.client_pooling:
@@ -142,6 +161,15 @@ class QuantConfig:
             return self.attention_bits
         return self.n_bits
 
+    def lut_bits_for(self, point: str, default: int | None = None) -> int | None:
+        """The width a lookup at ``point`` rounds its input to: the first ``lut_bits_overrides``
+        pattern that matches the point's start, else ``default`` (a caller's narrower width) or
+        ``lut_bits``."""
+        for pattern, bits in self.lut_bits_overrides:
+            if re.match(pattern, point):
+                return bits
+        return default or self.lut_bits
+
     def replace(self, **changes) -> QuantConfig:
         return dataclasses.replace(self, **changes)
 
@@ -151,6 +179,7 @@ class QuantConfig:
         out["weight_granularity"] = self.weight_granularity.value
         out["range_mode"] = self.range_mode.value
         out["bits_overrides"] = [list(kv) for kv in self.bits_overrides]
+        out["lut_bits_overrides"] = [list(kv) for kv in self.lut_bits_overrides]
         return out
 
     @classmethod

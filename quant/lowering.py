@@ -270,17 +270,22 @@ class Lowering:
 
     def keep(self, x: QValue, mask: QValue, bounds: tuple[int, int], name: str, tag: str) -> QValue:
         """x · m for an encrypted m in {0, 1} (broadcast), in one lookup per element: with x in
-        ``bounds`` = [lo, hi] and K = hi − lo + 1, u = x + K·m puts the kept values above hi and
-        the others in place, and the table returns u − K above hi, 0 below (one more input bit
-        than x, no product)."""
+        ``bounds`` = [lo, hi] and K = hi − lo + 1, u = x − lo + K·m puts the kept values in
+        [K, 2K − 1] and the others in [0, K − 1], and the table returns u − K + lo from K up, 0
+        below. u is unsigned with one input bit more than x, and no product (x + K·m, unshifted,
+        would span both signs for a signed x: two bits more, and on the next-word model a 5-bit
+        lookup of its own, whose parameter set and keyswitch keys cost 0.41 GiB of its 2.47)."""
         lo, hi = bounds
         k = hi - lo + 1
         km = self.graph.add(f"{name}.km", "mul_const", (mask.node,), tag=tag, value=np.int64(k))
-        u = self.graph.add(f"{name}.u", "add", (x.node, km), tag=tag)
+        x0 = x.node  # x − lo, in [0, K − 1]
+        if lo:
+            x0 = self.graph.add(f"{name}.x0", "add_const", (x0,), tag=tag, value=np.int64(-lo))
+        u = self.graph.add(f"{name}.u", "add", (x0, km), tag=tag)
 
-        def table(ints: np.ndarray, k=k, hi=hi) -> np.ndarray:
+        def table(ints: np.ndarray, k=k, lo=lo) -> np.ndarray:
             ints = np.asarray(ints, dtype=np.int64)
-            return np.where(ints > hi, ints - k, 0)
+            return np.where(ints >= k, ints - k + lo, 0)
 
         shape = tuple(np.broadcast_shapes(x.shape, mask.shape))
         node = self.graph.add(
@@ -456,7 +461,8 @@ class Lowering:
             return self.config.rounding_bits
         if self.fitting:
             ints = torch.round(x.fake.detach() / _scale_t(x.scale))
-            target = lut_bits or self.config.lut_bits
+            target = self.config.lut_bits_for(point, lut_bits)
+            assert target is not None  # lut_bits is set
             self.fitted.rounding[point] = lut_rounding(int(ints.min()), int(ints.max()), target)
         return self.fitted.rounding[point]
 

@@ -108,7 +108,9 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     # d = 16 with 6-bit weights, inputs and lookups: the width sweep's first LM shape within a point
     # of its float model on seeds 0-2 (benchmarks/results/text_widths.md, imdb-lm-L1-T16-d16); at
     # d = 8 the 6-bit lookups left it 1.0-3.5 points under, and only 6-bit Q/K/V as well came within
-    # a point (on 1 seed of 3, 8.7 GiB of keys). A 64-way head reads 16 dimensions, not 8
+    # a point (on 1 seed of 3, 8.7 GiB of keys). A 64-way head reads 16 dimensions, not 8. Its keys,
+    # 2.06 GiB (2.21 GB), miss the text issue's 2 GB; z's lookups at 4 or 5 bits
+    # (lut_bits_overrides) fit it, at 1.58 / 1.80 GiB, but within a point on 2 seeds of 3 only
     ("imdb-lm", Recipe.TFHE): {
         **LM_WORDS,
         **TFHE_TEXT,
@@ -141,13 +143,15 @@ _FIVE_BIT_TEXT = dict(qat_quant={**_WIDE_TEXT_ATTENTION, "weight_bits": 5, "inpu
 
 
 # A recipe's widths per attention kind, over its qat_quant. The IMDB TFHE recipe's dot-product: its
-# softmax's numerators, reciprocal and probabilities at 4 bits (quant.QuantConfig.softmax_bits), the
-# operands of the two encrypted products per score. At the recipe's 6: est. 2,599 s per review and
-# 11.3 GiB of keys (not run); at 4: 622.4 s measured (est. 353 s), 3137 MiB of keys, program 82.70%
-# against 82.95% float (seed 0; benchmarks/results/text.md's tfhe-dot-product row). PowerSoftmax
-# was not measured at 4 bits, so it keeps the recipe's widths
+# softmax's numerators, reciprocal and probabilities at 3 bits (quant.QuantConfig.softmax_bits), the
+# operands of the two encrypted products per score (benchmarks/results/text_widths.md, shape
+# imdb-L1-T16-dot-product: within a point on 3 seeds of 3, mean gap 0.13, program 82.65%, est.
+# 207 s, 1.57 GiB of keys). At 4 bits: est. 267 s and 2.01 GiB (2.16 GB, over the text issue's
+# 2 GB; 353 s and 3.06 GiB before the products' shifted operands, fhe/tfhe/products.py); at the
+# recipe's 6: est. 2,599 s and 11.3 GiB (not run). PowerSoftmax was not measured there, so it keeps
+# the recipe's widths
 KIND_WIDTHS: dict[tuple[str, Recipe], dict[AttentionKind, dict]] = {
-    ("imdb", Recipe.TFHE): {AttentionKind.DOT_PRODUCT: {"softmax_bits": 4}},
+    ("imdb", Recipe.TFHE): {AttentionKind.DOT_PRODUCT: {"softmax_bits": 3}},
 }
 
 

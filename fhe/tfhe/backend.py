@@ -24,6 +24,7 @@ from fhe.backends import register_backend
 from fhe.errors import KeysMissingError, NotCompiledError
 from fhe.schemes import Ranges, Scheme, TfheParams
 from fhe.tfhe import restore_sigpipe
+from fhe.tfhe.products import product
 from fhe.tfhe.recipe import estimated_latency_s, stage_table
 from quant.graph_io import load_graph, save_graph
 from quant.ir import FREE_OPS, Graph, OverflowPolicy, round_bit_pattern, rounded_bits
@@ -50,7 +51,8 @@ def _rounded(node, x, src, exact: bool = True):
     return fhe.hint(rounded, bit_width=max(src.bits, rounded_bits(src.lo, src.hi, r)))
 
 
-def _lut(node, args, src, exact):
+def _lut(node, args, srcs, exact):
+    src = srcs[0] if srcs else None
     if node.attrs.get("per_channel"):
         raise ValueError(
             f"{node.name}: per-channel lookups are not lowered to TFHE yet; quantize with "
@@ -67,7 +69,7 @@ def _lut(node, args, src, exact):
 
 
 def _slice(
-    node, args, src, exact
+    node, args, srcs, exact
 ):  # Concrete does not index with Ellipsis: spell the leading axes out
     lead = (slice(None),) * (len(args[0].shape) - len(node.attrs["index"]))
     return args[0][(*lead, *node.attrs["index"])]
@@ -76,18 +78,20 @@ def _slice(
 CLIENT_PROGRAM = "program"  # program.json + program.safetensors in the client artifact
 
 # The TFHE lowering of every op whose spec (quant.ops) is not traceable as it stands: Concrete
-# tracers carry no batch axes, lookups become fhe.univariate, encrypted products quarter squares.
+# tracers carry no batch axes, lookups become fhe.univariate, encrypted products quarter squares
+# (fhe/tfhe/products.py).
 TFHE_LOWERINGS = {
     "lut": _lut,
-    "mul": lambda node, args, src, exact: _product(node, args),
-    "matmul": lambda node, args, src, exact: _product(node, args),
-    "reshape": lambda node, args, src, exact: np.reshape(args[0], tuple(node.attrs["shape"])),
-    "transpose": lambda node, args, src, exact: np.transpose(args[0], tuple(node.attrs["axes"])),
+    "mul": lambda node, args, srcs, exact: product(node.op, args, srcs),
+    "matmul": lambda node, args, srcs, exact: product(node.op, args, srcs),
+    "reshape": lambda node, args, srcs, exact: np.reshape(args[0], tuple(node.attrs["shape"])),
+    "transpose": lambda node, args, srcs, exact: np.transpose(args[0], tuple(node.attrs["axes"])),
     "slice": _slice,
 }
 
 
-def _lower_node(node, args, src=None, exact: bool = True):
+def _lower_node(node, args, srcs=(), exact: bool = True):
+    """``srcs``: the graph nodes of ``args`` (their calibrated widths)."""
     spec = op_spec(node.op)
     if spec.traceable:
         return spec.evaluate(node.attrs, args)
@@ -95,27 +99,7 @@ def _lower_node(node, args, src=None, exact: bool = True):
         raise NotImplementedError(
             f"no TFHE lowering registered for op {node.op!r} (node {node.name!r})"
         )
-    return TFHE_LOWERINGS[node.op](node, args, src, exact)
-
-
-def _quarter_square(t):
-    return (t * t) // 4
-
-
-def _product(node, args):
-    """Encrypted × encrypted product (elementwise, or a matmul), by quarter squares:
-
-        a·b = ⌊(a + b)²/4⌋ − ⌊(a − b)²/4⌋   (exact: a + b and a − b have the same parity)
-
-    two univariate lookups per product, the PBS count of Concrete's own multiplication. We spell it
-    out because concrete-python 2.11 multiplies an unsigned by a signed operand wrongly (reproduced
-    in simulation and execution here; see zama-ai/concrete issues #1302 and #1309 for related
-    mixed-sign miscomputations), and this form is exact for any signs."""
-    a, b = args
-    if node.op == "matmul":
-        a, b = np.expand_dims(a, -1), np.expand_dims(b, -3)  # (..., M, K, 1), (..., 1, K, N)
-    prods = fhe.univariate(_quarter_square)(a + b) - fhe.univariate(_quarter_square)(a - b)
-    return np.sum(prods, axis=-2) if node.op == "matmul" else prods
+    return TFHE_LOWERINGS[node.op](node, args, srcs, exact)
 
 
 def to_concrete_function(graph: Graph, exact_rounding: bool = True):
@@ -134,8 +118,8 @@ def to_concrete_function(graph: Graph, exact_rounding: bool = True):
                 continue
             args = [env[i] for i in node.inputs]
             with fhe.tag(node.tag) if node.tag else contextlib.nullcontext():
-                src = graph.nodes[node.inputs[0]] if node.inputs else None
-                value = _lower_node(node, args, src, exact_rounding)
+                srcs = tuple(graph.nodes[i] for i in node.inputs)
+                value = _lower_node(node, args, srcs, exact_rounding)
                 if node.bits is not None and node.op not in FREE_OPS:
                     # the width calibration fixed (inputsets may be smaller than calibration sets)
                     value = fhe.hint(value, bit_width=node.bits)

@@ -27,9 +27,9 @@ import os
 from dataclasses import dataclass
 
 from fhe.errors import FheError
+from fhe.tfhe.products import product_lookup_bits
 from quant import QuantConfig
 from quant.config import RangeMode
-from quant.ir import value_bits
 
 DEFAULT_QUANT = QuantConfig(
     n_bits=6,
@@ -84,15 +84,13 @@ def _param_label(param) -> str:
 
 def lookup_input_bits(node, graph) -> int | None:
     """Width of what a node's table lookups read: a lookup's (rounded) input, or for an encrypted
-    product the operand sum a ± b that its quarter-square lookups read (fhe/tfhe/backend.py)."""
+    product the operand sum a ± b that its quarter-square lookups read (fhe/tfhe/products.py)."""
     if node.op == "lut":
         return node.lut_input_bits(graph)
     a, b = (graph.nodes[i] for i in node.inputs)
     if a.lo is None or b.lo is None:
         return None
-    lo = min(a.lo + b.lo, a.lo - b.hi)
-    hi = max(a.hi + b.hi, a.hi - b.lo)
-    return value_bits(lo, hi)
+    return product_lookup_bits(a, b)
 
 
 def stage_table(circuit, graph) -> list[dict]:

@@ -1,6 +1,8 @@
 """TFHE backend: the Concrete circuit against the clear integer program (simulated and encrypted),
 reports, and the client/server split."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -8,9 +10,10 @@ from circuits.attention import CORES, CircuitSpec, build
 from fhe.artifacts import atomic_save
 from fhe.schemes import TfheParams
 from fhe.tfhe.backend import TfheBackend, TfheClient, TfheServer
+from fhe.tfhe.products import product_lookup_bits
 from models.config import AttentionKind
 from quant.config import QuantConfig
-from quant.ir import Graph
+from quant.ir import Graph, value_bits
 
 REPORT_KEYS = {
     "scheme",
@@ -76,6 +79,39 @@ def test_mixed_sign_products_are_exact():
     backend = TfheBackend.compile(g, xs, TfheParams(inputset_size=40), simulate_only=True)
     for x in xs[:10]:
         np.testing.assert_array_equal(backend.simulate(x), g.run(x[None])[0][0])
+
+
+def test_an_unsigned_by_signed_product_reads_one_bit_less_and_stays_exact():
+    """Probabilities times V: u in [0, 15] by v in [-8, 7]. u ± v spans [-8, 23], 6 bits; with v
+    shifted to [0, 15] (fhe/tfhe/products.py) the quarter-square lookups read 5, in Concrete's own
+    circuit, and all 256 pairs, elementwise and in a 16x16 matmul, equal the clear products."""
+    g = Graph()
+    g.add("x", "input", shape=(256, 2))
+    g.add("a", "slice", ("x",), index=(0,))
+    g.add("v", "slice", ("x",), index=(1,))
+    g.add("u", "lut", ("a",), fn=lambda t: t + 8, shape=(256,))  # unsigned [0, 15]
+    g.add("mul", "mul", ("u", "v"), shape=(256,))
+    g.add("u2", "reshape", ("u",), shape=(16, 16), from_shape=(256,))
+    g.add("v2", "reshape", ("v",), shape=(16, 16), from_shape=(256,))
+    g.add("mm", "matmul", ("u2", "v2"), shape=(16, 16), inner=16)
+    g.add("mmf", "reshape", ("mm",), shape=(256,), from_shape=(16, 16))
+    g.add("out", "concat", ("mul", "mmf"), axis=-1)
+    g.set_output("out")
+    vals = np.arange(-8, 8)
+    x = np.stack([np.repeat(vals, 16), np.tile(vals, 16)], -1)  # every (u, v) pair once
+    xs = np.stack([x, x[::-1], np.roll(x, 3, 0)])
+    g.calibrate(xs)
+    assert product_lookup_bits(g.nodes["u"], g.nodes["v"]) == 5
+    assert value_bits(0 - 8, 15 + 7) == 6  # u ± v unshifted
+    backend = TfheBackend.compile(g, xs, TfheParams(inputset_size=3), simulate_only=True)
+    for xi in xs:
+        np.testing.assert_array_equal(backend.simulate(xi), g.run(xi[None])[0][0])
+    lookup_inputs = re.findall(
+        r"apply_lookup_table\"\(%\w+, %\w+\) : \(tensor<[x\d]*!FHE\.e(s?int)<(\d+)>",
+        backend.circuit.mlir,
+    )
+    assert lookup_inputs[0] == ("sint", "4")  # u's own lookup
+    assert len(lookup_inputs) == 5 and all(int(w) == 5 for _, w in lookup_inputs[1:])
 
 
 def test_inhibitor_uses_about_half_the_pbs_of_dot_product():

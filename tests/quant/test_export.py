@@ -382,3 +382,48 @@ def test_softmax_bits_narrow_the_operands_of_the_encrypted_products(kind):
     np.testing.assert_allclose(narrow.dequantize_output(out_int), narrow.fake_forward(x), atol=1e-9)
     for product in (f"block{b}.mix.attn.{p}" for b in (0, 1) for p in ("norm", "av")):
         assert narrow.graph.nodes[product].bits < wide.graph.nodes[product].bits, product
+
+
+def test_lut_bits_overrides_narrow_only_the_lookups_they_match():
+    """``lut_bits_overrides`` rounds the lookups whose point names match a pattern to their own
+    width (here the Inhibitor's z of every block to 3 bits) and every other rounded lookup to
+    ``lut_bits`` as before (the exact ones, |q − k| and (v − z)⁺, read what their inputs hold); the
+    program still equals its fake-quantized twin."""
+    torch.manual_seed(6)
+    model = tiny(AttentionKind.INHIBITOR, n_layers=2)
+    x = torch.rand(250, 6, 5, dtype=torch.float64)
+    base = QuantConfig(n_bits=6, lut_bits=5)
+    wide = export(model, x, base)
+    narrow = export(model, x, base.replace(lut_bits_overrides={r"block\d+\.mix\.attn\.z$": 3}))
+
+    def reads(program):  # each rounded lookup's input width
+        g = program.graph
+        return {
+            n.name: n.lut_input_bits(g)
+            for n in g.nodes.values()
+            if n.op == "lut" and n.attrs.get("rounding_bits")
+        }
+
+    got, before = reads(narrow), reads(wide)
+    z = {"block0.mix.attn.z", "block1.mix.attn.z"}
+    assert z <= set(got) and all(got[p] == 3 < before[p] for p in z)
+    assert {p: b for p, b in got.items() if p not in z} == {
+        p: b for p, b in before.items() if p not in z
+    }
+    out_int, clipped = narrow.run_int(narrow.quantize_input(x), OverflowPolicy.CLIP)
+    assert not clipped
+    np.testing.assert_allclose(narrow.dequantize_output(out_int), narrow.fake_forward(x), atol=1e-9)
+
+
+def test_lut_bits_overrides_are_checked_and_round_trip_through_json():
+    cfg = QuantConfig(lut_bits=6, lut_bits_overrides={r"block\d+\.mix\.attn\.z$": 4})
+    assert cfg.lut_bits_for("block3.mix.attn.z") == 4
+    assert cfg.lut_bits_for("block3.mix.attn.z.mirror") == 6  # the pattern's $ holds
+    assert cfg.lut_bits_for("block0.ffn.act", default=5) == 5
+    assert QuantConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="needs lut_bits"):
+        QuantConfig(lut_bits_overrides={"block0": 4})
+    with pytest.raises(ValueError, match=r"lut_bits_overrides\['block0'\] must be in \[2, 16\]"):
+        QuantConfig(lut_bits=6, lut_bits_overrides={"block0": 1})
+    with pytest.raises(ValueError, match="not a regular expression"):
+        QuantConfig(lut_bits=6, lut_bits_overrides={"block(": 4})

@@ -107,6 +107,11 @@ def test_the_mask_costs_one_lookup_per_key_value():
         "input.mask": (T, 1),  # the client's column as exact 0/1 integers
         "block0.mix.v.masked": (2, T, 4),  # V per head: padding keys inhibit nothing
     }
+    # V is signed; v − lo + K·m is unsigned, one bit wider (v + K·m would need two more)
+    g = program.graph
+    v, kept = g.nodes["block0.mix.v.out"], g.nodes["block0.mix.v.masked"]
+    assert v.lo is not None and v.lo < 0 and v.bits is not None
+    assert kept.lut_input_bits(g) == v.bits + 1
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
