@@ -29,10 +29,12 @@ def _quarter_square(t):
     return (t * t) // 4
 
 
-def _sum_diff_ranges(a: Node, b: Node, sa: int, sb: int) -> tuple[tuple[int, int], tuple[int, int]]:
+def _lookup_bits(a: Node, b: Node, sa: int, sb: int) -> tuple[int, int]:
+    """(widest, total) width of a' + b' and a' − b' for a' = a + s_a, b' = b + s_b."""
     (alo, ahi), (blo, bhi) = a.bit_range(), b.bit_range()
     alo, ahi, blo, bhi = alo + sa, ahi + sa, blo + sb, bhi + sb
-    return (alo + blo, ahi + bhi), (alo - bhi, ahi - blo)
+    s, d = value_bits(alo + blo, ahi + bhi), value_bits(alo - bhi, ahi - blo)
+    return max(s, d), s + d
 
 
 def _shift_to_zero(n: Node) -> int:
@@ -43,18 +45,14 @@ def _shift_to_zero(n: Node) -> int:
 def product_shifts(a: Node, b: Node) -> tuple[int, int]:
     """Clear shifts (s_a, s_b) that make the quarter-square lookups of a·b narrowest: each signed
     operand may move to start at 0. Ties keep the operands as they are."""
-
-    def cost(shifts: tuple[int, int]) -> tuple[int, int]:
-        s, d = (value_bits(*r) for r in _sum_diff_ranges(a, b, *shifts))
-        return max(s, d), s + d
-
     sa, sb = _shift_to_zero(a), _shift_to_zero(b)
-    return min([(0, 0), (sa, 0), (0, sb), (sa, sb)], key=cost)  # min keeps the first of equals
+    options = [(0, 0), (sa, 0), (0, sb), (sa, sb)]
+    return min(options, key=lambda o: _lookup_bits(a, b, *o))  # min keeps the first of equals
 
 
 def product_lookup_bits(a: Node, b: Node) -> int:
     """Width of what the quarter-square lookups of a·b read (after :func:`product_shifts`)."""
-    return max(value_bits(*r) for r in _sum_diff_ranges(a, b, *product_shifts(a, b)))
+    return _lookup_bits(a, b, *product_shifts(a, b))[0]
 
 
 def product(op: str, args, srcs: tuple[Node, Node]):
@@ -64,7 +62,7 @@ def product(op: str, args, srcs: tuple[Node, Node]):
 
     a, b = args
     sa, sb = product_shifts(*srcs)
-    bits = product_lookup_bits(*srcs)
+    bits, _ = _lookup_bits(*srcs, sa, sb)
     a2, b2 = a + sa if sa else a, b + sb if sb else b
     if op == "matmul":
         a2, b2 = np.expand_dims(a2, -1), np.expand_dims(b2, -3)  # (..., M, K, 1), (..., 1, K, N)
