@@ -123,6 +123,14 @@ CANDIDATES = {
             "lut_bits": 6,
             "lut_bits_overrides": {Z_POINT: 5},
         },
+        # the same program as 6-bit lookups, z = (‖q − k‖₁/γ − α)⁺ (4 levels) computed as three
+        # 4-bit comparisons (quant/steps.py): the recipe's
+        "6-bit weights/inputs/lookups, z by 4-bit comparisons": {
+            "weight_bits": 6,
+            "input_bits": 6,
+            "lut_bits": 6,
+            "step_lut_bits": 4,
+        },
         "6-bit weights/inputs/lookups, 6-bit Q/K/V": {
             "weight_bits": 6,
             "input_bits": 6,

@@ -72,6 +72,11 @@ class QuantConfig:
     for the Inhibitor's z. Concrete puts the lookups of one width on one parameter set, and each set
     brings its own bootstrap key and keyswitch keys to and from the others, so one lookup moved
     off a width can change the keys far more than its PBS (benchmarks/results/text_widths.md).
+    ``step_lut_bits``: a lookup that reads more bits than this, and whose table is a monotone step
+    function of at most three steps over its input's whole width (the Inhibitor's z at 3-bit V),
+    runs as one comparison per step, each a lookup of at most this many bits, summed
+    (:mod:`quant.steps`): the same integers, more but narrower PBS, and no parameter set of the
+    wider width just for it (the next-word recipe's z: keys 2.06 → 1.83 GiB).
     ``inhibitor_positive_v`` (the unsigned Inhibitor): Eq. (6)'s ReLU reads V⁺, fused into V's own
     lookup, so its T²·d lookups read one bit less; Concrete then gives them cheaper parameters of
     their own: faster, but one more parameter set's keys (the IMDB recipe: measured 71.3 → 63.6 s
@@ -98,6 +103,7 @@ class QuantConfig:
     inhibitor_positive_v: bool = False
     softmax_bits: int | None = None
     lut_bits_overrides: tuple[tuple[str, int], ...] = ()
+    step_lut_bits: int | None = None
 
     def __post_init__(self) -> None:
         coerce_enums(self, weight_granularity=Granularity, range_mode=RangeMode)
@@ -121,6 +127,7 @@ class QuantConfig:
         for name, v in (
             ("lut_bits", self.lut_bits),
             ("attention_lut_bits", self.attention_lut_bits),
+            ("step_lut_bits", self.step_lut_bits),
             *((f"lut_bits_overrides[{p!r}]", b) for p, b in self.lut_bits_overrides),
         ):
             if v is not None and not 2 <= v <= 16:

@@ -25,6 +25,7 @@ from quant.ir import Graph, OverflowPolicy
 from quant.lowering import Fitted, Lowering, QValue, Range
 from quant.mixers import NoLoweringError, mixer_lowering
 from quant.quantizer import Quantizer, decode_output
+from quant.steps import split_step_lookups
 
 
 class ExportError(ValueError):
@@ -117,6 +118,8 @@ def export(
     low.graph.set_output(out.node)  # per-token logits when config.client_pooling
     calib_int = low.quantizers["input"].quantize_np(np.asarray(calib_x, dtype=np.float64))
     low.graph.calibrate(calib_int)
+    if config.step_lut_bits:  # the same integers, on narrower lookups
+        split_step_lookups(low.graph, config.step_lut_bits)
     return QuantizedProgram(
         low.graph,
         low.quantizers["input"],

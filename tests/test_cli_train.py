@@ -362,7 +362,8 @@ def test_the_text_recipes_wider_widths_are_the_ones_the_width_sweep_found_best()
 def test_the_next_word_recipe_is_the_width_sweeps_best_next_word_shape():
     """benchmarks/results/text_widths.md: the next-word TFHE recipe's width and bit widths are the
     next-word cell within a point of its float model on the most seeds (then the most accurate
-    program), and that is every seed; at d = 8 no candidate got there (the recipe before)."""
+    program) among the circuits whose keys fit 2 GB, and that is every seed; at d = 8 no candidate
+    got there (the recipe before); the same program with z's one 6-bit lookup is over 2 GB."""
     from pathlib import Path
 
     from fhe import api
@@ -371,9 +372,18 @@ def test_the_next_word_recipe_is_the_width_sweeps_best_next_word_shape():
     saved = json.loads(results.read_text())
     widths = {(r["shape"], r["candidate"]): r["qat_quant"] for r in saved["rows"]}
     lm = [s for s in saved["summary"] if s["shape"].startswith("imdb-lm")]
-    best = max(lm, key=lambda s: (s["within_1_point"], s["program_mean"]))
+    best = max(
+        (s for s in lm if s["eval_keys_bytes"] <= 2e9),
+        key=lambda s: (s["within_1_point"], s["program_mean"]),
+    )
     assert best["within_1_point"] == len(best["gaps_points"]) == 3
     assert all(s["within_1_point"] < 3 for s in lm if "-d16" not in s["shape"])
+    same_program = [
+        s
+        for s in lm
+        if (s["shape"], s["gaps_points"]) == (best["shape"], best["gaps_points"]) and s is not best
+    ]
+    assert same_program and all(s["eval_keys_bytes"] > 2e9 for s in same_program)
     options = api.with_recipe(api.TrainRequest(task="imdb-lm", recipe="tfhe"))
     assert best["shape"] == f"imdb-lm-L1-T{options.seq_len}-d{options.d_model}"
     assert options.qat_quant == widths[best["shape"], best["candidate"]]

@@ -108,14 +108,17 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     # d = 16 with 6-bit weights, inputs and lookups: the width sweep's first LM shape within a point
     # of its float model on seeds 0-2 (benchmarks/results/text_widths.md, imdb-lm-L1-T16-d16); at
     # d = 8 the 6-bit lookups left it 1.0-3.5 points under, and only 6-bit Q/K/V as well came within
-    # a point (on 1 seed of 3, 8.7 GiB of keys). A 64-way head reads 16 dimensions, not 8. Its keys,
-    # 2.06 GiB (2.21 GB), miss the text issue's 2 GB; z's lookups at 4 or 5 bits
-    # (lut_bits_overrides) fit it, at 1.58 / 1.80 GiB, but within a point on 2 seeds of 3 only
+    # a point (on 1 seed of 3, 8.7 GiB of keys). A 64-way head reads 16 dimensions, not 8. Its
+    # keys, 2.06 GiB (2.21 GB), missed the text issue's 2 GB: the Inhibitor's z (4 levels) alone
+    # kept a 6-bit parameter set's keyswitch keys between the 4-bit attention lookups. Computed as
+    # three 4-bit comparisons (step_lut_bits, quant/steps.py), the same program fits, at 1.83 GiB;
+    # z's lookups rounded to 4 or 5 bits (lut_bits_overrides) fit too, at 1.58 / 1.80 GiB, but
+    # change the program: within a point on 2 seeds of 3 only
     ("imdb-lm", Recipe.TFHE): {
         **LM_WORDS,
         **TFHE_TEXT,
         "d_model": 16,
-        "qat_quant": {"weight_bits": 6, "input_bits": 6, "lut_bits": 6},
+        "qat_quant": {"weight_bits": 6, "input_bits": 6, "lut_bits": 6, "step_lut_bits": 4},
     },
     ("imdb-lm", Recipe.CKKS): dict(**LM_WORDS, **SHALLOW_POLYNOMIAL, heads=2),
 }

@@ -14,6 +14,7 @@ from fhe.tfhe.products import product_lookup_bits
 from models.config import AttentionKind
 from quant.config import QuantConfig
 from quant.ir import Graph, value_bits
+from quant.steps import split_step_lookups
 
 REPORT_KEYS = {
     "scheme",
@@ -112,6 +113,33 @@ def test_an_unsigned_by_signed_product_reads_one_bit_less_and_stays_exact():
     )
     assert lookup_inputs[0] == ("sint", "4")  # u's own lookup
     assert len(lookup_inputs) == 5 and all(int(w) == 5 for _, w in lookup_inputs[1:])
+
+
+def _lookup_input_widths(mlir: str) -> list[int]:
+    """The input width of every table lookup in Concrete's MLIR."""
+    found = re.findall(
+        r"apply_lookup_table\"\(%\w+, %\w+\) : \(tensor<[x\d]*!FHE\.e(?:s?int)<(\d+)>", mlir
+    )
+    return [int(w) for w in found]
+
+
+def test_a_lookup_split_into_comparisons_reads_four_bits_and_stays_exact():
+    """z = min(x // 3, 3) on a 6-bit x (the Inhibitor's z at 3-bit V: four levels): one 6-bit
+    lookup, or three comparisons that each round x + c (quant/steps.py) and read 4 bits in
+    Concrete's own circuit. Every 6-bit input, simulated, equals the table."""
+    g = Graph()
+    g.add("x", "input", shape=(64,))
+    g.add("z", "lut", ("x",), fn=lambda t: np.minimum(t // 3, 3), shape=(64,))
+    g.set_output("z")
+    xs = np.stack([np.arange(64), np.arange(64)[::-1], np.roll(np.arange(64), 7)])
+    g.calibrate(xs)
+    whole = TfheBackend.compile(g, xs, TfheParams(inputset_size=3), simulate_only=True)
+    assert _lookup_input_widths(whole.circuit.mlir) == [6]
+    assert split_step_lookups(g, 4) == ["z"]
+    split = TfheBackend.compile(g, xs, TfheParams(inputset_size=3), simulate_only=True)
+    assert _lookup_input_widths(split.circuit.mlir) == [4, 4, 4]
+    for xi in xs:
+        np.testing.assert_array_equal(split.simulate(xi), np.minimum(xi // 3, 3))
 
 
 def test_inhibitor_uses_about_half_the_pbs_of_dot_product():

@@ -147,6 +147,11 @@ def _describe_quant(quant) -> str:
         f"{quant.lut_bits or 'unrounded'} bits"
         + (f" (Q/K/V lookups <= {quant.attention_lut_bits})" if quant.attention_lut_bits else "")
         + "".join(f", lookups matching {p!r} <= {b}" for p, b in quant.lut_bits_overrides)
+        + (
+            f", step lookups as {quant.step_lut_bits}-bit comparisons"
+            if quant.step_lut_bits
+            else ""
+        )
         + f", {quant.range_mode.value} ranges"
         + (", the client pools the per-token head" if quant.client_pooling else "")
         + (", last residual folded into the head" if quant.fold_last_residual else "")
