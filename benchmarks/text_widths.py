@@ -44,6 +44,7 @@ WIDE_V = {"value_bits": 4, "attention_lut_bits": 6}  # V alone at 4 bits (Q/K at
 FIVE_BIT = {**ONE_BLOCK, **WIDE_ATTENTION, "weight_bits": 5, "input_bits": 5}
 RECIPE = {**ONE_BLOCK, **WIDE_V, "input_bits": 6}  # the 1-block recipe's widths (fhe.api.recipes)
 Z_POINT = r"block\d+\.mix\.attn\.z$"  # the Inhibitor's z = (‖q − k‖₁/γ − α)⁺ lookups
+SIX_BIT_LOOKUPS = {"weight_bits": 6, "input_bits": 6, "lut_bits": 6}  # the next-word rows'
 CANDIDATES = {
     "imdb": {
         "1-block recipe": ONE_BLOCK,
@@ -108,33 +109,25 @@ CANDIDATES = {
             "input_bits": 5,
         },
         "6-bit weights/inputs, 4-bit Q/K/V": {**WIDE_ATTENTION, "weight_bits": 6, "input_bits": 6},
-        "6-bit weights/inputs, 6-bit lookups": {"weight_bits": 6, "input_bits": 6, "lut_bits": 6},
+        "6-bit weights/inputs, 6-bit lookups": SIX_BIT_LOOKUPS,
         # z's lookups read 4 bits (its output has 2): the 6-bit lookups are then only the
         # residual's and the FFN's
         "6-bit weights/inputs/lookups, 4-bit z": {
-            "weight_bits": 6,
-            "input_bits": 6,
-            "lut_bits": 6,
+            **SIX_BIT_LOOKUPS,
             "lut_bits_overrides": {Z_POINT: 4},
         },
         "6-bit weights/inputs/lookups, 5-bit z": {
-            "weight_bits": 6,
-            "input_bits": 6,
-            "lut_bits": 6,
+            **SIX_BIT_LOOKUPS,
             "lut_bits_overrides": {Z_POINT: 5},
         },
         # the same program as 6-bit lookups, z = (‖q − k‖₁/γ − α)⁺ (4 levels) computed as three
         # 4-bit comparisons (quant/steps.py): the recipe's
         "6-bit weights/inputs/lookups, z by 4-bit comparisons": {
-            "weight_bits": 6,
-            "input_bits": 6,
-            "lut_bits": 6,
+            **SIX_BIT_LOOKUPS,
             "step_lut_bits": 4,
         },
         "6-bit weights/inputs/lookups, 6-bit Q/K/V": {
-            "weight_bits": 6,
-            "input_bits": 6,
-            "lut_bits": 6,
+            **SIX_BIT_LOOKUPS,
             "attention_bits": 6,
             "attention_lut_bits": 6,
         },

@@ -28,17 +28,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quant.graph_io import tabulate
 from quant.ir import Graph, Node, rounded_bits
-from quant.ops import op_spec, round_bit_pattern
+from quant.ops import op_spec
 
 MAX_STEPS = 3  # a 2-bit output (4 levels): three comparisons, each a lookup plus its rounding
 
 
 @dataclass(frozen=True)
 class Step:
-    """One comparison: Δ·[x >= θ], read as Δ·[round_r(x + c) >= B]."""
+    """One comparison: Δ·[x >= θ], read as Δ·[round_r(x + c) >= B] (θ = B − 2^(r−1) − c)."""
 
-    theta: int
     delta: int
     shift: int  # c
     rounding_bits: int  # r
@@ -51,22 +51,16 @@ class Step:
 def table_levels(graph: Graph, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
     """(thresholds, values): the lookup's output is ``values[k]`` from input ``thresholds[k]`` on
     (``thresholds[0]``: the bottom of its source's width), over every input that width holds, if
-    every element reads the same table; else None. Evaluated on the rounded inputs only (at most
-    2^(lookup width) of them): round_r(x) >= d, for d a multiple of 2^r, is x >= d − 2^(r−1)."""
-    src = graph.nodes[node.inputs[0]]
-    r = node.attrs.get("rounding_bits", 0)
-    lo, hi = src.bit_range()
-    first, last = (int(v) for v in round_bit_pattern(np.array([lo, hi], dtype=np.int64), r))
-    domain = np.arange(first, last + 1, 1 << r, dtype=np.int64)
-    shape = tuple(node.attrs["shape"])
-    grid = np.broadcast_to(domain.reshape(-1, *([1] * len(shape))), (len(domain), *shape))
-    values = np.broadcast_to(
-        np.asarray(node.attrs["fn"](np.ascontiguousarray(grid)), np.int64), grid.shape
-    ).reshape(len(domain), -1)
+    every element reads the same table; else None. Read off the lookup's table over its rounded
+    inputs (:func:`quant.graph_io.tabulate`): round_r(x) >= d, for d a multiple of 2^r, is
+    x >= d − 2^(r−1)."""
+    table = tabulate(graph, node)
+    values = table.values.reshape(len(table.values), -1)
     if not np.all(values == values[:, :1]):
         return None
-    starts = np.maximum(domain - ((1 << r) >> 1), lo)
-    return starts, values[:, 0].copy()
+    rounded = table.start + table.step * np.arange(len(values), dtype=np.int64)
+    lo, _ = graph.nodes[node.inputs[0]].bit_range()
+    return np.maximum(rounded - (table.step >> 1), lo), values[:, 0].copy()
 
 
 def steps_of(
@@ -91,7 +85,7 @@ def _step(theta: int, delta: int, lo: int, hi: int, bits: int) -> Step:
         boundary = -(-(theta + half - lo) // (1 << r)) * (1 << r)
         c = boundary - half - theta
         if rounded_bits(lo + c, hi + c, r) - r <= bits:
-            return Step(theta, delta, c, r, boundary)
+            return Step(delta, c, r, boundary)
     raise AssertionError("unreachable: rounding every bit away leaves a 1-bit lookup")
 
 
@@ -137,11 +131,7 @@ def _comparisons(node: Node, steps: list[Step], first: int, lo: int, hi: int) ->
         )
         attrs = {"fn": s.table, "rounding_bits": s.rounding_bits, "shape": node.attrs["shape"]}
         step = new(f".step{t}", "lut", (shifted.name,), attrs, min(0, s.delta), max(0, s.delta))
-        if t:
-            total = (total[0] + min(0, s.delta), total[1] + max(0, s.delta))
-            summed = new(f".step{t}.sum", "add", (out[-1].name, step.name), {}, *total)
-            out += [shifted, step, summed]
-        else:
-            total = (min(0, s.delta), max(0, s.delta))
-            out += [shifted, step]
+        total = (total[0] + min(0, s.delta), total[1] + max(0, s.delta))
+        summed = [new(f".step{t}.sum", "add", (out[-1].name, step.name), {}, *total)] if t else []
+        out += [shifted, step, *summed]
     return [*out, new("", "add_const", (out[-1].name,), {"value": first}, node.lo, node.hi)]
