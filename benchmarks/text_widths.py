@@ -72,6 +72,13 @@ CANDIDATES = {
         # a wider V widens the (v − z)⁺ lookups, not the |q − k| ones
         "1-block recipe, 4-bit V": {**ONE_BLOCK, **WIDE_V},
         "1-block recipe, 6-bit inputs, 4-bit V": {**ONE_BLOCK, **WIDE_V, "input_bits": 6},
+        # the same with V's lookups at 5 bits: no N = 8192 parameter set
+        "1-block recipe, 6-bit inputs, 4-bit V read by 5 bits": {
+            **ONE_BLOCK,
+            **WIDE_V,
+            "input_bits": 6,
+            "attention_lut_bits": 5,
+        },
         "1-block recipe, 6-bit inputs, 4-bit V, 5-bit weights": {
             **ONE_BLOCK,
             **WIDE_V,
@@ -145,13 +152,21 @@ class Shape:
     mean: bool = False  # the Inhibitor's sums as means (``--inhibitor-mean``)
     norm: bool = False  # segment means at unit RMS (``--segment-norm``)
     d_model: int | None = None  # the width, where not the recipe's
+    qat_epochs: int | None = None  # QAT epochs, where not the recipe's
     attention: str = "inhibitor"  # ``--attention``
 
 
 SHAPES = {
     "imdb-L1-T16": Shape("imdb", 1, 16),  # the shape the 1-block recipe was tuned on
     "imdb-L1-T16-mean": Shape("imdb", 1, 16, mean=True),  # the same with means
-    "imdb-L1-T16-mean-norm": Shape("imdb", 1, 16, mean=True, norm=True),  # the recipe's
+    "imdb-L1-T16-mean-norm": Shape("imdb", 1, 16, mean=True, norm=True),  # the recipe's before
+    # narrower: fewer T²-sized attention lookups (T²·d of them for the Inhibitor's (v − z)⁺)
+    "imdb-L1-T16-mean-norm-d6": Shape("imdb", 1, 16, mean=True, norm=True, d_model=6),
+    "imdb-L1-T16-mean-norm-d6-qat6": Shape(
+        "imdb", 1, 16, mean=True, norm=True, d_model=6, qat_epochs=6
+    ),
+    "imdb-L1-T16-mean-norm-d5": Shape("imdb", 1, 16, mean=True, norm=True, d_model=5),
+    "imdb-L1-T16-mean-norm-d4": Shape("imdb", 1, 16, mean=True, norm=True, d_model=4),
     # the same recipe with dot-product attention
     "imdb-L1-T16-dot-product": Shape("imdb", 1, 16, norm=True, attention="dot-product"),
     "imdb-L2-T16": Shape("imdb", 2, 16),
@@ -195,6 +210,7 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
         segment_norm=s.norm,
         words=None,  # kept only where padded (given), else the recipe's
         **({"d_model": s.d_model} if s.d_model else {}),
+        **({"qat_epochs": s.qat_epochs} if s.qat_epochs else {}),
         seed=seed,
         qat_quant=quant,
         data_dir=Path(data_dir) if data_dir else None,
@@ -210,6 +226,7 @@ def run(shape: str, candidate: str, seed: int, data_dir: str | None, cost: bool)
     }
     given |= {"words"} if s.padded else set()
     given |= {"d_model"} if s.d_model else set()
+    given |= {"qat_epochs"} if s.qat_epochs else set()
     req = api.with_recipe(req, given=frozenset(given))
     start = time.perf_counter()
     outcome = api.train_model(req, progress=False)

@@ -309,6 +309,12 @@ class TrainOutcome:
         }
 
 
+def _same_kind(kind, recipe_kind) -> bool:
+    """Whether ``kind`` is the recipe's attention (the Inhibitor's signed form counts as it)."""
+    kinds = {AttentionKind(k) for k in (kind, recipe_kind) if k is not None}
+    return len(kinds) <= 1 or kinds <= set(INHIBITOR_KINDS)
+
+
 def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> TrainRequest:
     """``req`` with its recipe's options, except in the fields ``given`` names (the command line
     knows which options were typed); without ``given``, the fields that differ from their
@@ -316,12 +322,14 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
     or a causal one, or one that reads padded word positions instead of the recipe's segments,
     gets the recipe's options for that shape where it has them
     (:data:`fhe.api.recipes.BEYOND_SHAPE`: the text recipe's wider bit widths, as its sweep found
-    best there). Options that do not apply to the model are dropped: the Inhibitor's means for
-    another kind (and its K = Q), the norm range loss without LayerNorm. A kind takes the recipe's
-    widths for it (:data:`fhe.api.recipes.KIND_WIDTHS`) unless ``qat_quant`` was given."""
+    best there), and a model of another attention kind the recipe's options for other kinds
+    (:data:`fhe.api.recipes.OTHER_KINDS`, before the shape's). Options that do not apply to the
+    model are dropped: the Inhibitor's means for another kind (and its K = Q), the norm range loss
+    without LayerNorm. A kind takes the recipe's widths for it
+    (:data:`fhe.api.recipes.KIND_WIDTHS`) unless ``qat_quant`` was given."""
     if req.recipe is None:
         return req
-    from fhe.api.recipes import BEYOND_SHAPE, KIND_WIDTHS, recipe_for
+    from fhe.api.recipes import BEYOND_SHAPE, KIND_WIDTHS, OTHER_KINDS, recipe_for
 
     defaults = TrainRequest()
     recipe = recipe_for(req.task, req.recipe)
@@ -329,6 +337,9 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
         given = frozenset(k for k in recipe if getattr(req, k) != getattr(defaults, k))
     options = {k: v for k, v in recipe.items() if k not in given}
     out = dataclasses.replace(req, **options, recipe=None)
+    other = OTHER_KINDS.get((req.task, Recipe(req.recipe)))
+    if other is not None and not _same_kind(out.attention, recipe.get("attention")):
+        out = dataclasses.replace(out, **{k: v for k, v in other.items() if k not in given})
     beyond = BEYOND_SHAPE.get((req.task, Recipe(req.recipe)))
     if beyond is not None:
         preset_layers = PRESETS[req.task].n_layers
