@@ -103,10 +103,9 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     # inputs and 6 QAT epochs: the width sweep's best within TEXT_TFHE_BUDGET_S
     # (benchmarks/results/text_widths.md, shape imdb-L1-T16-mean-norm-d6-qat6: within a point on 3
     # seeds of 3, mean gap 0.63, program 82.04%, est. 30 s, 1.23 GiB; one review 47.1 s in a slow
-    # hour, benchmarks/results/text.md). At d = 8 the best
-    # was 4-bit V read by 6-bit lookups (3 of 3 seeds within a point, mean gap 0.17, program
-    # 82.40%, est. 58 s: 57.3 s measured in a fast hour, 92.5 s in a slow one); every d = 8 cell
-    # is estimated at 37 s or more
+    # hour, benchmarks/results/text.md). At d = 8 the best was 4-bit V read by 6-bit lookups (3 of
+    # 3 seeds within a point, mean gap 0.17, program 82.40%, est. 58 s: 57.3 s measured in a fast
+    # hour, 92.5 s in a slow one); every d = 8 cell is estimated at 37 s or more
     ("imdb", Recipe.TFHE): {
         **TEXT_FRONT_END,
         **TFHE_TEXT,
@@ -171,8 +170,8 @@ KIND_WIDTHS: dict[tuple[str, Recipe], dict[AttentionKind, dict]] = {
 }
 
 
-# A recipe's options for a model whose attention is not of the recipe's kind (the Inhibitor and its
-# signed form count as one), applied before BEYOND_SHAPE: the sentiment recipe's d = 6 narrows the
+# An Inhibitor recipe's options for a model of another attention kind (the signed Inhibitor counts
+# as the Inhibitor), applied before BEYOND_SHAPE: the sentiment recipe's d = 6 narrows the
 # Inhibitor's T²·d lookups, and the other kinds keep the d = 8 recipe they were measured with
 OTHER_KINDS: dict[tuple[str, Recipe], dict] = {
     ("imdb", Recipe.TFHE): dict(**TEXT_D8, qat_quant=TEXT_D8_WIDTHS),

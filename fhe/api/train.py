@@ -309,12 +309,6 @@ class TrainOutcome:
         }
 
 
-def _same_kind(kind, recipe_kind) -> bool:
-    """Whether ``kind`` is the recipe's attention (the Inhibitor's signed form counts as it)."""
-    kinds = {AttentionKind(k) for k in (kind, recipe_kind) if k is not None}
-    return len(kinds) <= 1 or kinds <= set(INHIBITOR_KINDS)
-
-
 def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> TrainRequest:
     """``req`` with its recipe's options, except in the fields ``given`` names (the command line
     knows which options were typed); without ``given``, the fields that differ from their
@@ -337,9 +331,13 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
         given = frozenset(k for k in recipe if getattr(req, k) != getattr(defaults, k))
     options = {k: v for k, v in recipe.items() if k not in given}
     out = dataclasses.replace(req, **options, recipe=None)
-    other = OTHER_KINDS.get((req.task, Recipe(req.recipe)))
-    if other is not None and not _same_kind(out.attention, recipe.get("attention")):
-        out = dataclasses.replace(out, **{k: v for k, v in other.items() if k not in given})
+    if out.attention not in INHIBITOR_KINDS:  # the Inhibitor's options: --attention won
+        dropped: dict[str, Any] = {
+            o: False for o in ("inhibitor_mean", "tie_qk") if getattr(out, o) and o not in given
+        }
+        other = OTHER_KINDS.get((req.task, Recipe(req.recipe)), {})  # before the shape's options
+        dropped |= {k: v for k, v in other.items() if k not in given}
+        out = dataclasses.replace(out, **dropped)
     beyond = BEYOND_SHAPE.get((req.task, Recipe(req.recipe)))
     if beyond is not None:
         preset_layers = PRESETS[req.task].n_layers
@@ -362,11 +360,6 @@ def with_recipe(req: TrainRequest, given: frozenset[str] | None = None) -> Train
         and out.norm is not NormKind.LAYERNORM
     ):
         out = dataclasses.replace(out, norm_range_loss=0.0)  # no LayerNorm: --norm won
-    if out.attention not in INHIBITOR_KINDS:  # the Inhibitor's options: --attention won
-        dropped: dict[str, Any] = {
-            o: False for o in ("inhibitor_mean", "tie_qk") if getattr(out, o) and o not in given
-        }
-        out = dataclasses.replace(out, **dropped)
     widths = KIND_WIDTHS.get((req.task, Recipe(req.recipe)), {}).get(out.attention)
     typed = "qat_quant" in given or req.qat_quant != defaults.qat_quant
     if widths and not typed:
