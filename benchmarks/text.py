@@ -2,7 +2,7 @@
 
     python benchmarks/text.py                       # the full table (about an hour on 2 cores)
     python benchmarks/text.py --quick               # one TFHE and one CKKS model, 2 samples
-    python benchmarks/text.py --row tfhe-inhibitor-L1-T16   # rerun one row, keep the others
+    python benchmarks/text.py --row tfhe-inhibitor-L1-T16   # rerun rows (repeat --row), keep others
 
 Each row is one model trained by ``fhe train --task imdb --recipe <scheme>`` (512 words pooled on
 the client into T segments, :mod:`models.text`), with the options of the row on top. For each:
@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._results import command_line, merged_with_saved, write_results  # noqa: E402
+from fhe.api.recipes import TEXT_D8, TEXT_D8_WIDTHS  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ WIDE_QUANT = {
 }
 FULL = [
     Row("tfhe", "inhibitor", 1, 16, 20),
+    # the sentiment recipe before stop 60 (d = 8, 4-bit V): run beside the row above, to compare
+    # their latency in one run (--row tfhe-inhibitor-L1-T16 --row tfhe-inhibitor-L1-T16-d8)
+    Row("tfhe", "inhibitor", 1, 16, 5, {**TEXT_D8, "qat_quant": TEXT_D8_WIDTHS}, tag="d8"),
     # 2 blocks (and, below, 32 segments): the recipe's wider widths (fhe.api.recipes.BEYOND_SHAPE)
     Row("tfhe", "inhibitor", 2, 16, 2),
     # the same with 6-bit weights, inputs, Q/K/V and lookups (the TFHE defaults: 4, 4, 3, 5 and 4)
@@ -265,7 +269,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two rows, 2 encrypted samples each")
     parser.add_argument("--only", default=None, help="rows whose name contains this")
-    parser.add_argument("--row", default=None, help="the row of exactly this name")
+    parser.add_argument(
+        "--row", action="append", default=None, help="the row of exactly this name (repeatable)"
+    )
     parser.add_argument("--work", type=Path, default=Path("runs/text"), help="model files")
     parser.add_argument("--data-dir", default=None, help="IMDB folder (default ../shared/data)")
     parser.add_argument(
@@ -289,7 +295,7 @@ def main() -> None:
     if args.only:
         rows = [r for r in rows if args.only in r.name]
     if args.row:
-        rows = [r for r in rows if r.name == args.row]
+        rows = [r for r in rows if r.name in args.row]
     if not rows:
         parser.error("no row matches --only / --row")
     args.work.mkdir(parents=True, exist_ok=True)

@@ -102,10 +102,11 @@ RECIPES: dict[tuple[str, Recipe], dict] = {
     # Inhibitor's ReLU lookups (quant.QuantConfig.inhibitor_positive_v). Width d = 6 with 6-bit
     # inputs and 6 QAT epochs: the width sweep's best within TEXT_TFHE_BUDGET_S
     # (benchmarks/results/text_widths.md, shape imdb-L1-T16-mean-norm-d6-qat6: within a point on 3
-    # seeds of 3, mean gap 0.63, program 82.04%, est. 30 s, 1.23 GiB; one review 47.1 s in a slow
-    # hour, benchmarks/results/text.md). At d = 8 the best was 4-bit V read by 6-bit lookups (3 of
-    # 3 seeds within a point, mean gap 0.17, program 82.40%, est. 58 s: 57.3 s measured in a fast
-    # hour, 92.5 s in a slow one); every d = 8 cell is estimated at 37 s or more
+    # seeds of 3, mean gap 0.63, program 82.04%, est. 30 s, 1.23 GiB; one review 48.4 s in a slow
+    # hour, the d = 8 recipe beside it 97.1 s, benchmarks/results/text.md). At d = 8 the best was
+    # 4-bit V read by 6-bit lookups (3 of 3 seeds within a point, mean gap 0.17, program 82.40%,
+    # est. 58 s: 57.3 s measured in a fast hour, 97.1 s in a slow one); every d = 8 cell is
+    # estimated at 37 s or more
     ("imdb", Recipe.TFHE): {
         **TEXT_FRONT_END,
         **TFHE_TEXT,
